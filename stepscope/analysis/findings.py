@@ -1,0 +1,120 @@
+"""Findings: rules that turn analysis results into plain statements with evidence.
+
+One registry for every rule of every analysis. A rule is a function over the results of the
+summary's sections (see :mod:`stepscope.analysis.sections`) that yields :class:`Finding` s.
+Adding one is a decorator::
+
+    from stepscope.analysis.findings import Finding, Severity, rule
+
+    @rule("comm.exposed_allreduce", needs=("comm",))
+    def exposed_allreduce(results):
+        comm = results["comm"]            # whatever the "comm" section computed
+        ...
+        yield Finding(Severity.WARNING, "comm.exposed_allreduce",
+                      "all-reduce exposed 22% of step 3 on rank 1: overlap with backward is poor",
+                      {"rank": 1, "step": 3, "exposed_pct": 22.1})
+
+A rule runs only when every section it ``needs`` was computed and is not
+:class:`~stepscope.analysis.absent.Absent`, so rules never see a missing figure and never have
+to invent one. Rules live in any module of the ``stepscope.analysis`` package (next to the
+analysis they judge); :func:`stepscope.analysis.sections.load_modules` imports them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from stepscope.analysis.absent import Absent
+
+Results = Mapping[str, object]
+"""Section name -> that section's result (a frame, a dataclass, or :class:`Absent`)."""
+
+
+class Severity(str, Enum):
+    """How much a finding matters; the order is the order of the report."""
+
+    CRITICAL = "critical"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        """0 for the most severe, for sorting."""
+        return list(Severity).index(self)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One plain statement, its severity, the rule that made it and the numbers behind it.
+
+    ``evidence`` holds JSON-ready scalars (ints, floats, strings, lists of them) so the summary,
+    the dashboard and the CI gate can show or compare them without recomputing.
+    """
+
+    severity: Severity
+    rule: str
+    message: str
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "severity": self.severity.value,
+            "rule": self.rule,
+            "message": self.message,
+            "evidence": dict(self.evidence),
+        }
+
+
+RuleFunc = Callable[[Results], Iterable[Finding]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A registered rule: its id, the sections it reads, and the function."""
+
+    id: str
+    needs: tuple[str, ...]
+    func: RuleFunc
+    doc: str
+
+
+RULES: dict[str, Rule] = {}
+"""Every registered rule, by id. Filled by :func:`rule` when the analysis modules are imported."""
+
+
+def rule(rule_id: str, *, needs: tuple[str, ...]) -> Callable[[RuleFunc], RuleFunc]:
+    """Register ``func`` as the rule ``rule_id`` reading the sections ``needs``."""
+
+    def register(func: RuleFunc) -> RuleFunc:
+        if rule_id in RULES and RULES[rule_id].func is not func:
+            raise ValueError(f"rule {rule_id!r} is registered twice")
+        RULES[rule_id] = Rule(rule_id, tuple(needs), func, (func.__doc__ or "").strip())
+        return func
+
+    return register
+
+
+def evaluate(results: Results, rules: Iterable[Rule] | None = None) -> list[Finding]:
+    """Run every applicable rule over ``results``; most severe first, then by rule id.
+
+    A rule whose needed sections are missing or :class:`Absent` is skipped: there is nothing
+    to judge. A rule that yields a finding under another rule's id is a bug and raises.
+    """
+    if rules is None:
+        from stepscope.analysis.sections import load_modules
+
+        load_modules()
+        rules = RULES.values()
+    found: list[Finding] = []
+    for r in rules:
+        if any(name not in results or isinstance(results[name], Absent) for name in r.needs):
+            continue
+        for finding in r.func(results):
+            if finding.rule != r.id:
+                raise ValueError(f"rule {r.id!r} yielded a finding for {finding.rule!r}")
+            found.append(finding)
+    found.sort(key=lambda f: (f.severity.rank, f.rule))
+    return found
