@@ -1,0 +1,1 @@
+"""One module per ``stepscope`` subcommand, each with ``add_arguments(parser)`` and ``run(args) -> int``."""

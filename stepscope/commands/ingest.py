@@ -1,0 +1,59 @@
+"""``stepscope ingest PATH... --store DIR [--run NAME]``: files given together are one run's ranks."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from stepscope.errors import TraceFormatError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="trace files or folders holding them")
+    parser.add_argument("--store", required=True, type=Path, help="store folder (created if missing)")
+    parser.add_argument("--run", help="run name (default: the folder that holds the files)")
+    parser.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="tag the run")
+    parser.add_argument("--quiet", action="store_true", help="print only errors")
+
+
+def _tags(pairs: list[str]) -> dict[str, str]:
+    from stepscope.errors import UsageError
+
+    tags = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--tag {pair!r}: expected KEY=VALUE")
+        tags[key] = value
+    return tags
+
+
+def run(args: argparse.Namespace) -> int:
+    from stepscope.store.ingest import IngestedTrace, find_trace_files, ingest_paths
+
+    files = find_trace_files(args.paths)
+    bar = None
+    if not args.quiet and sys.stderr.isatty() and len(files) > 1:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(files), unit="file", desc="ingest", file=sys.stderr)
+
+    def done(outcome: IngestedTrace | str) -> None:
+        if bar is not None:
+            bar.update(1)
+        if isinstance(outcome, str):
+            print(outcome, file=sys.stderr)
+        elif not args.quiet:
+            verb = "already stored, skipped" if outcome.skipped else f"{outcome.events:,} events"
+            line = f"{outcome.path}: run {outcome.run} rank {outcome.rank} (rank from {outcome.rank_from}): {verb}"
+            (bar.write if bar is not None else print)(line)
+
+    report = ingest_paths(files, args.store, args.run, tags=_tags(args.tag), on_done=done)
+    if bar is not None:
+        bar.close()
+    if not args.quiet:
+        stored = sum(not t.skipped for t in report.stored)
+        print(f"run {report.run}: {stored} stored, {len(report.stored) - stored} skipped, "
+              f"{len(report.errors)} refused -> {args.store}")
+    return TraceFormatError.exit_code if report.errors else 0

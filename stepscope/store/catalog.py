@@ -1,0 +1,186 @@
+"""DuckDB catalog over a store folder: one view per table, parameterised SQL, read-only mode.
+
+Every later layer queries through ``Store.sql`` so there is one place that knows the file
+layout, the partition types, the commit rule (rows count only once their ``sources`` row
+exists) and the schema-version check.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import duckdb
+import pyarrow as pa
+
+from stepscope.errors import StoreError, UsageError
+from stepscope.store import schema
+
+READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
+
+_HIVE = "hive_partitioning = true, hive_types = {'run': VARCHAR, 'rank': INTEGER}, union_by_name = true"
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _glob(root: Path, table: str) -> str:
+    return _sql_string(str(root / table / "**" / "*.parquet"))
+
+
+class Store:
+    """A store folder opened for queries.
+
+    Views: one per table in ``schema.TABLES`` (committed rows only) plus ``runs`` (one row per
+    run). Queries take parameters (``$name`` or ``?``); user input is never formatted into SQL.
+    """
+
+    def __init__(self, root: Path | str, *, read_only_sql: bool = False) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise StoreError(f"{self.root}: no such store (run `stepscope ingest ... --store {self.root}` first)")
+        self._lock = threading.Lock()
+        self._con = duckdb.connect(":memory:")
+        self._con.execute("SET threads TO 2")
+        self._check_version()
+        self._create_views()
+        if read_only_sql:
+            self._lock_down()
+
+    def _files_exist(self, table: str) -> bool:
+        return any((self.root / table).glob("run=*/rank=*/*.parquet"))
+
+    def _check_version(self) -> None:
+        if not self._files_exist("sources"):
+            return
+        rows = self._con.execute(
+            "SELECT DISTINCT decode(value) FROM parquet_kv_metadata(" + _glob(self.root, "sources") + ") "
+            "WHERE decode(key) = 'stepscope.schema_version'"
+        ).fetchall()
+        versions = sorted(int(v) for (v,) in rows)
+        if versions and versions[-1] > schema.SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.root}: store written with schema version {versions[-1]}, newer than this "
+                f"stepscope understands ({schema.SCHEMA_VERSION}); upgrade stepscope"
+            )
+
+    def _empty_relation(self, table: schema.Table) -> None:
+        empty = table.schema.empty_table()
+        empty = empty.append_column("run", pa.array([], pa.string()))
+        empty = empty.append_column("rank", pa.array([], pa.int32()))
+        self._con.register(f"_empty_{table.name}", empty)
+
+    def _create_views(self) -> None:
+        con = self._con
+        for table in schema.TABLES.values():
+            name = table.name
+            if self._files_exist(name):
+                base = f"read_parquet({_glob(self.root, name)}, {_HIVE})"
+            else:
+                self._empty_relation(table)
+                base = f"_empty_{name}"
+            if name == "sources":
+                con.execute(f"CREATE VIEW sources AS SELECT * FROM {base}")
+            else:
+                con.execute(
+                    f"CREATE VIEW {name} AS SELECT t.* FROM {base} t "
+                    "SEMI JOIN sources s ON t.run = s.run AND t.rank = s.rank AND t.source = s.source"
+                )
+        con.execute(
+            """
+            CREATE VIEW runs AS
+            SELECT run,
+                   any_value(run_name) AS name,
+                   min(ingested_at) AS created_at,
+                   count(DISTINCT rank) AS ranks,
+                   max(world_size) AS world_size,
+                   any_value(backend) AS backend,
+                   any_value(gpu_name) AS gpu_name,
+                   max(gpu_count) AS gpu_count,
+                   any_value(trace_schema_version) AS trace_schema_version,
+                   sum(event_count) AS events,
+                   list({'rank': rank, 'path': path, 'sha256': sha256} ORDER BY rank, path) AS sources,
+                   any_value(tags) AS tags
+            FROM sources GROUP BY run
+            """
+        )
+
+    def _lock_down(self) -> None:
+        """No file access outside the store, no extensions, settings frozen."""
+        root = str(self.root.resolve())
+        self._con.execute(f"SET allowed_directories = [{_sql_string(root)}]")
+        self._con.execute("SET enable_external_access = false")
+        self._con.execute("SET autoinstall_known_extensions = false")
+        self._con.execute("SET autoload_known_extensions = false")
+        self._con.execute("SET lock_configuration = true")
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return (*schema.TABLES, "runs")
+
+    def sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pa.Table:
+        """Run one query and return an Arrow table. ``params`` bind ``?`` or ``$name``."""
+        with self._lock:
+            try:
+                return self._con.sql(query, params=params).to_arrow_table()
+            except duckdb.Error as exc:
+                raise UsageError(f"SQL error: {exc}") from exc
+
+    def df(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> Any:
+        """Like ``sql`` but returns a pandas DataFrame (imports pandas only when asked)."""
+        return self.sql(query, params).to_pandas()
+
+    def read_only_query(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None,
+                        *, max_rows: int | None = None) -> tuple[pa.Table, bool]:
+        """Run user SQL that may only read: one SELECT/EXPLAIN statement.
+
+        Returns the rows (at most ``max_rows``) and whether more were cut off.
+        """
+        try:
+            statements = self._con.extract_statements(query)
+        except duckdb.Error as exc:
+            raise UsageError(f"SQL error: {exc}") from exc
+        if len(statements) != 1:
+            raise UsageError("give exactly one SQL statement")
+        if statements[0].type not in READ_ONLY_STATEMENTS:
+            raise UsageError(f"only SELECT queries are allowed here, not {statements[0].type.name}")
+        with self._lock:
+            try:
+                result = self._con.sql(query, params=params)
+                if max_rows is None:
+                    return result.to_arrow_table(), False
+                reader = result.to_arrow_reader(max_rows + 1)
+                rows = pa.Table.from_batches(list(_take(reader, max_rows + 1)), reader.schema)
+            except duckdb.Error as exc:
+                raise UsageError(f"SQL error: {exc}") from exc
+        return rows.slice(0, max_rows), rows.num_rows > max_rows
+
+    def interrupt(self) -> None:
+        """Stop the running query (used for time limits)."""
+        self._con.interrupt()
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _take(reader: pa.RecordBatchReader, limit: int):
+    taken = 0
+    for batch in reader:
+        if taken >= limit:
+            break
+        batch = batch.slice(0, limit - taken)
+        taken += batch.num_rows
+        yield batch
+
+
+def open_store(path: Path | str, *, read_only_sql: bool = False) -> Store:
+    """Open a store folder for queries. Raises ``StoreError`` when it is missing or too new."""
+    return Store(path, read_only_sql=read_only_sql)

@@ -1,0 +1,362 @@
+"""Turn a decoded Kineto trace into the store's Arrow tables (events, steps, memory).
+
+Column building is one list comprehension per column and numpy for arithmetic, never one Python
+statement per event per column: this is the part of ingest that is ours to make fast.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stepscope.errors import TraceFormatError
+from stepscope.store import schema
+from stepscope.store.classify import classify, dtype_bytes, normalise_collective
+from stepscope.store.kineto import ARGS_DECODER, EventArgs, RawTrace
+
+STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+STEP_KINDS = frozenset({"user_annotation", "cpu_op"})
+GPU_SIDE_KINDS = frozenset({"kernel", "memcpy", "memset", "gpu_annotation"})
+INT64_MAX = 2**63 - 1
+
+_EMPTY_ARGS = EventArgs()
+
+
+@dataclass(frozen=True)
+class TraceTables:
+    """The rows one trace file contributes to each table, plus facts for its ``sources`` row."""
+
+    events: pa.Table
+    steps: pa.Table
+    memory: pa.Table
+    start_ns: int | None
+    end_ns: int | None
+    main_device: int | None
+
+
+def _decode_args(path: str, raw: msgspec.Raw, index: int) -> EventArgs:
+    if not raw:
+        return _EMPTY_ARGS
+    try:
+        return ARGS_DECODER.decode(raw)
+    except msgspec.ValidationError as exc:
+        return _lenient_args(path, raw, index, exc)
+
+
+def _lenient_args(path: str, raw: msgspec.Raw, index: int, error: Exception) -> EventArgs:
+    """Typed fields with an unexpected JSON type (a string correlation, say) become null.
+
+    The raw args keep the value; only its typed copy is dropped. JSON that does not parse at all
+    cannot reach here: the whole file was parsed already.
+    """
+    doc = msgspec.json.decode(raw)
+    if not isinstance(doc, dict):
+        raise TraceFormatError(path, f"event {index}: args is not an object ({error})")
+    fields = {}
+    for field in msgspec.structs.fields(EventArgs):
+        value = doc.get(field.encode_name)
+        try:
+            fields[field.name] = msgspec.convert(value, field.type) if value is not None else None
+        except msgspec.ValidationError:
+            fields[field.name] = None
+    for name in ("input_dims", "input_type"):
+        fields[name] = msgspec.Raw(msgspec.json.encode(fields[name])) if fields[name] is not None else msgspec.Raw()
+    return EventArgs(**fields)
+
+
+def _int_array(values: Sequence[Any], path: str, column: str) -> pa.Array:
+    try:
+        return pa.array(values, pa.int64())
+    except (OverflowError, pa.ArrowInvalid) as exc:
+        bad = next((v for v in values if isinstance(v, int) and not -INT64_MAX - 1 <= v <= INT64_MAX), None)
+        raise TraceFormatError(
+            path, f"value {bad} in '{column}' is outside the int64 range the store can hold"
+        ) from exc
+    except (TypeError, pa.ArrowTypeError) as exc:
+        raise TraceFormatError(path, f"non-integer value in '{column}' ({exc})") from exc
+
+
+def _microseconds_to_ns(values: Sequence[int | float | None], base_ns: int) -> np.ndarray:
+    """Absolute int64 ns from Kineto's microsecond floats, without float64 rounding at epoch scale.
+
+    Epoch microseconds (~1.7e15) times 1000 exceed float64's exact range, so the whole and the
+    fractional microseconds are converted separately. Null stays NaN -> masked by the caller.
+    """
+    us = pa.array(values, pa.float64()).to_numpy(zero_copy_only=False)
+    whole = np.floor(us)
+    frac_ns = np.rint((us - whole) * 1000.0)
+    with np.errstate(invalid="ignore"):
+        out = np.where(np.isnan(us), 0, whole).astype(np.int64) * 1000
+        out += np.where(np.isnan(us), 0, frac_ns).astype(np.int64)
+    return out + base_ns
+
+
+def _nullable(values: np.ndarray, mask: np.ndarray) -> pa.Array:
+    return pa.array(values, pa.int64(), mask=mask)
+
+
+def _dict(values: Sequence[str | None]) -> pa.Array:
+    return pa.array(values, pa.string()).dictionary_encode()
+
+
+def _split_ids(values: Sequence[int | str | None]) -> tuple[list[int | None], list[str | None]]:
+    """Kineto pids/tids are integers, except a few named tracks (``"Spans"``, ``""``)."""
+    ints = [v if isinstance(v, int) else None for v in values]
+    labels = [v if isinstance(v, str) else None for v in values]
+    return ints, labels
+
+
+def _element_count(dims_raw: msgspec.Raw) -> int | None:
+    """Elements in the first input of a host-side collective (a tensor or a tensor list).
+
+    ``Input Dims`` of ``c10d::allreduce_`` is ``[[[n, m], [k]], [], ...]`` (a list of tensors)
+    and of ``c10d::broadcast_`` on one tensor ``[[n, m], ...]``.
+    """
+    if not dims_raw:
+        return None
+    dims = msgspec.json.decode(dims_raw)
+    if not isinstance(dims, list) or not dims:
+        return None
+    first = dims[0]
+    if not isinstance(first, list) or not first:
+        return None
+    tensors = first if isinstance(first[0], list) else [first]
+    total = 0
+    for shape in tensors:
+        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+            return None
+        total += int(np.prod(shape, dtype=np.int64)) if shape else 1
+    return total
+
+
+def _first_input_type(types_raw: msgspec.Raw) -> str | None:
+    if not types_raw:
+        return None
+    types = msgspec.json.decode(types_raw)
+    if isinstance(types, list) and types and isinstance(types[0], str) and types[0]:
+        return types[0]
+    return None
+
+
+def _collective_columns(
+    names: list[str], categories: list[str | None], args: list[EventArgs]
+) -> dict[str, list[Any]]:
+    """Typed collective fields for communication events; nulls elsewhere.
+
+    Kernels and ``record_param_comms`` carry ``Collective name`` and message sizes in newer
+    traces; CPU-side collectives under gloo carry only ``Input Dims``/``Input type``, from which
+    the element count and dtype are derived.
+    """
+    n = len(names)
+    collective: list[str | None] = [None] * n
+    in_nelems: list[int | None] = [None] * n
+    out_nelems: list[int | None] = [None] * n
+    dtype: list[str | None] = [None] * n
+    nbytes: list[int | None] = [None] * n
+    for i in (i for i, c in enumerate(categories) if c == "communication"):
+        a = args[i]
+        collective[i] = normalise_collective(a.collective or names[i])
+        nin, nout, dt = a.in_nelems, a.out_nelems, a.dtype
+        if nin is None and nout is None:
+            nin = _element_count(a.input_dims)
+            nout = nin
+            dt = dt or _first_input_type(a.input_type)
+        in_nelems[i], out_nelems[i] = nin, nout
+        dtype[i] = dt.removeprefix("c10::") if dt else None
+        size = dtype_bytes(dt)
+        largest = max((v for v in (nin, nout) if v is not None), default=None)
+        if size is not None and largest is not None:
+            nbytes[i] = largest * size
+    return {"collective": collective, "in_nelems": in_nelems, "out_nelems": out_nelems,
+            "dtype": dtype, "bytes": nbytes}
+
+
+def _pg_ranks(value: str | list[int] | None) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return msgspec.json.encode(value).decode()
+
+
+def _steps(kinds: list[str], names: list[str], ts_ns: np.ndarray, dur_ns: np.ndarray,
+           dur_null: np.ndarray, phs: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """ProfilerStep windows: (step, start, end, name) sorted by start, one per step number."""
+    windows: dict[int, list[int]] = {}
+    for i, name in enumerate(names):
+        if phs[i] != "X" or kinds[i] not in STEP_KINDS or dur_null[i]:
+            continue
+        match = STEP_NAME.match(name)
+        if match is None:
+            continue
+        step = int(match.group(1))
+        start, end = int(ts_ns[i]), int(ts_ns[i] + dur_ns[i])
+        window = windows.setdefault(step, [start, end])
+        window[0], window[1] = min(window[0], start), max(window[1], end)
+    ordered = sorted(windows.items(), key=lambda item: item[1][0])
+    steps = np.array([s for s, _ in ordered], dtype=np.int64)
+    starts = np.array([w[0] for _, w in ordered], dtype=np.int64)
+    ends = np.array([w[1] for _, w in ordered], dtype=np.int64)
+    return steps, starts, ends, [f"ProfilerStep#{s}" for s in steps]
+
+
+def _step_of_time(ts_ns: np.ndarray, steps: np.ndarray, starts: np.ndarray, ends: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Step whose CPU window holds each timestamp: (step values, null mask)."""
+    if len(steps) == 0:
+        return np.zeros(len(ts_ns), np.int64), np.ones(len(ts_ns), bool)
+    idx = np.searchsorted(starts, ts_ns, side="right") - 1
+    safe = np.clip(idx, 0, len(steps) - 1)
+    inside = (idx >= 0) & (ts_ns < ends[safe])
+    return steps[safe], ~inside
+
+
+def _assign_steps(kinds: list[str], correlation: list[int | None], ts_ns: np.ndarray,
+                  steps: np.ndarray, starts: np.ndarray, ends: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Step of every event. GPU work inherits the step of the runtime call that launched it.
+
+    A kernel launched in step N that runs after step N's CPU window ended still belongs to N.
+    GPU work without a matching launch (none recorded) falls back to its own start time.
+    """
+    step, null = _step_of_time(ts_ns, steps, starts, ends)
+    if len(steps) == 0:
+        return step, null
+    gpu = np.fromiter((k in GPU_SIDE_KINDS for k in kinds), bool, len(kinds))
+    launch = np.fromiter((k in ("cuda_runtime", "cuda_driver") for k in kinds), bool, len(kinds))
+    corr = np.array([c if c is not None else -1 for c in correlation], dtype=np.int64)
+    launch_idx = np.flatnonzero(launch & (corr >= 0))
+    if not gpu.any() or len(launch_idx) == 0:
+        return step, null
+    order = np.argsort(corr[launch_idx], kind="stable")
+    launch_corr = corr[launch_idx][order]
+    launch_rows = launch_idx[order]
+    gpu_idx = np.flatnonzero(gpu & (corr >= 0))
+    pos = np.searchsorted(launch_corr, corr[gpu_idx])
+    pos_safe = np.clip(pos, 0, len(launch_corr) - 1)
+    found = launch_corr[pos_safe] == corr[gpu_idx]
+    targets = gpu_idx[found]
+    sources = launch_rows[pos_safe[found]]
+    step[targets] = step[sources]
+    null[targets] = null[sources]
+    return step, null
+
+
+def convert(trace: RawTrace, source: str, progress: Callable[[int], None] | None = None) -> TraceTables:
+    """Build the events, steps and memory tables of one trace, all rows tagged with ``source``."""
+    events = trace.events
+    n = len(events)
+    path = trace.path
+    phs = [e.ph for e in events]
+    names = [e.name if e.name is not None else "" for e in events]
+    cats = [e.cat for e in events]
+    kinds_categories = [classify(c, nm, ph) for c, nm, ph in zip(cats, names, phs)]
+    kinds = [kc[0] for kc in kinds_categories]
+    categories = [kc[1] for kc in kinds_categories]
+    args = [_decode_args(path, e.args, i) for i, e in enumerate(events)]
+    if progress:
+        progress(n // 2)
+
+    ts_raw = [e.ts for e in events]
+    dur_raw = [e.dur for e in events]
+    ts_ns = _microseconds_to_ns(ts_raw, trace.base_time_ns)
+    ts_null = np.fromiter((t is None for t in ts_raw), bool, n)
+    dur_ns = _microseconds_to_ns(dur_raw, 0)
+    dur_null = np.fromiter((d is None for d in dur_raw), bool, n)
+    if (dur_ns[~dur_null] < 0).any():
+        first = int(np.flatnonzero((dur_ns < 0) & ~dur_null)[0])
+        raise TraceFormatError(path, f"event {first} ({names[first]!r}) has a negative duration")
+
+    correlation = [a.correlation for a in args]
+    step_ids, starts, ends, step_names = _steps(kinds, names, ts_ns, dur_ns, dur_null, phs)
+    step, step_null = _assign_steps(kinds, correlation, ts_ns, step_ids, starts, ends)
+    step_null |= ts_null
+
+    pid, pid_label = _split_ids([e.pid for e in events])
+    tid, tid_label = _split_ids([e.tid for e in events])
+    thread_label = [p if p is not None else t for p, t in zip(pid_label, tid_label)]
+    flow_id = [e.id if isinstance(e.id, int) and k == "flow" else None for e, k in zip(events, kinds)]
+    comm = _collective_columns(names, categories, args)
+    nbytes = [
+        comm["bytes"][i] if comm["bytes"][i] is not None
+        else (a.signed_bytes if kinds[i] == "memory" else a.bytes)
+        for i, a in enumerate(args)
+    ]
+    device = [a.device if a.device is not None else a.device_id for a in args]
+    source_col = pa.array([source] * n, pa.string()).dictionary_encode()
+
+    columns = {
+        "source": source_col,
+        "kind": _dict(kinds),
+        "category": _dict(categories),
+        "name": pa.array(names, pa.string()),
+        "ph": _dict(phs),
+        "ts_ns": _nullable(ts_ns, ts_null),
+        "dur_ns": _nullable(dur_ns, dur_null),
+        "pid": _int_array(pid, path, "pid"),
+        "tid": _int_array(tid, path, "tid"),
+        "thread_label": pa.array(thread_label, pa.string()),
+        "stream": _int_array([a.stream for a in args], path, "stream"),
+        "device": _int_array(device, path, "device"),
+        "correlation": _int_array(correlation, path, "correlation"),
+        "external_id": _int_array([a.external_id for a in args], path, "External id"),
+        "flow_id": _int_array(flow_id, path, "id"),
+        "step": _nullable(step, step_null),
+        "bytes": _int_array(nbytes, path, "bytes"),
+        "collective": _dict(comm["collective"]),
+        "in_nelems": _int_array(comm["in_nelems"], path, "In msg nelems"),
+        "out_nelems": _int_array(comm["out_nelems"], path, "Out msg nelems"),
+        "dtype": _dict(comm["dtype"]),
+        "group_size": _int_array([a.group_size for a in args], path, "Group size"),
+        "pg_name": _dict([a.pg_name for a in args]),
+        "pg_desc": _dict([a.pg_desc for a in args]),
+        "pg_ranks": _dict([_pg_ranks(a.pg_ranks) for a in args]),
+        "comm_seq": _int_array([a.seq for a in args], path, "Seq"),
+        "args": pa.array([bytes(e.args) or None for e in events], pa.binary()).cast(pa.string()),
+    }
+    events_table = pa.table(columns).cast(schema.EVENTS)
+    events_table = events_table.take(pc.sort_indices(events_table, sort_keys=[("ts_ns", "ascending", "at_start")]))
+
+    memory_mask = np.fromiter((k == "memory" for k in kinds), bool, n)
+    memory_table = _memory_table(args, memory_mask, ts_ns, step, step_null, source, path)
+    steps_table = pa.table(
+        {
+            "source": pa.array([source] * len(step_ids), pa.string()).dictionary_encode(),
+            "step": pa.array(step_ids, pa.int64()),
+            "name": pa.array(step_names, pa.string()),
+            "start_ns": pa.array(starts, pa.int64()),
+            "end_ns": pa.array(ends, pa.int64()),
+            "dur_ns": pa.array(ends - starts, pa.int64()),
+        }
+    ).cast(schema.STEPS)
+    timed = ~ts_null & np.fromiter((p != "M" for p in phs), bool, n)
+    start = int(ts_ns[timed].min()) if timed.any() else None
+    end = int((ts_ns + np.where(dur_null, 0, dur_ns))[timed].max()) if timed.any() else None
+    kernel_devices = [d for d, k in zip(device, kinds) if k == "kernel" and d is not None]
+    main_device = max(set(kernel_devices), key=kernel_devices.count) if kernel_devices else None
+    if progress:
+        progress(n - n // 2)
+    return TraceTables(events_table, steps_table, memory_table, start, end, main_device)
+
+
+def _memory_table(args: list[EventArgs], mask: np.ndarray, ts_ns: np.ndarray,
+                  step: np.ndarray, step_null: np.ndarray, source: str, path: str) -> pa.Table:
+    rows = np.flatnonzero(mask)
+    picked = [args[i] for i in rows]
+    return pa.table(
+        {
+            "source": pa.array([source] * len(rows), pa.string()).dictionary_encode(),
+            "ts_ns": pa.array(ts_ns[rows], pa.int64()),
+            "step": pa.array(step[rows], pa.int64(), mask=step_null[rows]),
+            "addr": _int_array([a.addr for a in picked], path, "Addr"),
+            "bytes": _int_array([a.signed_bytes for a in picked], path, "Bytes"),
+            "total_allocated": _int_array([a.total_allocated for a in picked], path, "Total Allocated"),
+            "total_reserved": _int_array([a.total_reserved for a in picked], path, "Total Reserved"),
+            "device_type": _int_array([a.device_type for a in picked], path, "Device Type"),
+            "device": _int_array([a.device_id for a in picked], path, "Device Id"),
+        }
+    ).cast(schema.MEMORY).sort_by("ts_ns")

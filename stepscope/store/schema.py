@@ -1,0 +1,193 @@
+"""The store's Parquet schema, as code: one place that defines every table and its version.
+
+Every Parquet file the store writes carries ``SCHEMA_VERSION`` in its key/value metadata, so a
+reader (ours or anyone's) can tell which layout it holds. docs/STORE.md documents the same tables
+for people; ``tests/test_docs.py`` checks that the two agree.
+
+Partition columns (``run``, ``rank``) are not stored inside the files: they come from the
+Hive-style directory names ``<table>/run=<id>/rank=<r>/part-<source>.parquet``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+"""Bump on any change a reader would notice; readers refuse files from a newer version."""
+
+SCHEMA_VERSION_KEY = b"stepscope.schema_version"
+TABLE_KEY = b"stepscope.table"
+
+PARTITION_COLUMNS = ("run", "rank")
+
+KINDS = (
+    "cpu_op",
+    "python_function",
+    "user_annotation",
+    "gpu_annotation",
+    "cuda_runtime",
+    "cuda_driver",
+    "kernel",
+    "memcpy",
+    "memset",
+    "memory",
+    "flow",
+    "other",
+)
+"""Values of ``events.kind``: what produced the event (Kineto's ``cat``, normalised)."""
+
+CATEGORIES = (
+    "compute",
+    "communication",
+    "memcpy_h2d",
+    "memcpy_d2h",
+    "memcpy_d2d",
+    "memcpy_other",
+    "memset",
+    "sync",
+    "host",
+)
+"""Values of ``events.category``: what kind of work the event is; null for non-work events."""
+
+GPU_KINDS = ("kernel", "memcpy", "memset")
+"""Kinds that occupy a GPU stream; the analyses build GPU timelines from these only."""
+
+_STR = pa.dictionary(pa.int32(), pa.string())
+
+EVENTS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("kind", _STR, nullable=False),
+        pa.field("category", _STR),
+        pa.field("name", pa.string()),
+        pa.field("ph", _STR),
+        pa.field("ts_ns", pa.int64()),
+        pa.field("dur_ns", pa.int64()),
+        pa.field("pid", pa.int64()),
+        pa.field("tid", pa.int64()),
+        pa.field("thread_label", pa.string()),
+        pa.field("stream", pa.int64()),
+        pa.field("device", pa.int64()),
+        pa.field("correlation", pa.int64()),
+        pa.field("external_id", pa.int64()),
+        pa.field("flow_id", pa.int64()),
+        pa.field("step", pa.int64()),
+        pa.field("bytes", pa.int64()),
+        pa.field("collective", _STR),
+        pa.field("in_nelems", pa.int64()),
+        pa.field("out_nelems", pa.int64()),
+        pa.field("dtype", _STR),
+        pa.field("group_size", pa.int64()),
+        pa.field("pg_name", _STR),
+        pa.field("pg_desc", _STR),
+        pa.field("pg_ranks", _STR),
+        pa.field("comm_seq", pa.int64()),
+        pa.field("args", pa.string()),
+    ]
+)
+
+STEPS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("name", pa.string()),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("dur_ns", pa.int64(), nullable=False),
+    ]
+)
+
+MEMORY = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("ts_ns", pa.int64(), nullable=False),
+        pa.field("step", pa.int64()),
+        pa.field("addr", pa.int64()),
+        pa.field("bytes", pa.int64()),
+        pa.field("total_allocated", pa.int64()),
+        pa.field("total_reserved", pa.int64()),
+        pa.field("device_type", pa.int64()),
+        pa.field("device", pa.int64()),
+    ]
+)
+
+SOURCES = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("run_name", pa.string(), nullable=False),
+        pa.field("path", pa.string()),
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("file_bytes", pa.int64()),
+        pa.field("ingested_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("rank_from", pa.string(), nullable=False),
+        pa.field("trace_schema_version", pa.string()),
+        pa.field("trace_start_ns", pa.int64()),
+        pa.field("trace_end_ns", pa.int64()),
+        pa.field("event_count", pa.int64()),
+        pa.field("backend", pa.string()),
+        pa.field("world_size", pa.int64()),
+        pa.field("gpu_name", pa.string()),
+        pa.field("gpu_memory_bytes", pa.int64()),
+        pa.field("gpu_sm_count", pa.int64()),
+        pa.field("gpu_count", pa.int64()),
+        pa.field("device_properties", pa.string()),
+        pa.field("distributed_info", pa.string()),
+        pa.field("metadata", pa.string()),
+        pa.field("tags", pa.string()),
+    ]
+)
+
+STEP_TIMES = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("wall_ns", pa.int64(), nullable=False),
+        pa.field("gpu_ns", pa.int64()),
+        pa.field("profiled", pa.bool_()),
+        pa.field("tokens", pa.int64()),
+        pa.field("samples", pa.int64()),
+    ]
+)
+
+MEMORY_ROLES = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("role", _STR, nullable=False),
+        pa.field("name", pa.string()),
+        pa.field("addr", pa.int64(), nullable=False),
+        pa.field("bytes", pa.int64(), nullable=False),
+        pa.field("device_type", pa.int64()),
+        pa.field("device", pa.int64()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A stored table: its directory under the store root and its Arrow schema."""
+
+    name: str
+    schema: pa.Schema
+    doc: str
+
+
+TABLES: dict[str, Table] = {
+    table.name: table
+    for table in (
+        Table("sources", SOURCES, "one row per ingested trace file (one rank of one run)"),
+        Table("events", EVENTS, "one row per trace event"),
+        Table("steps", STEPS, "one row per ProfilerStep window per rank"),
+        Table("memory", MEMORY, "one row per [memory] allocator event"),
+        Table("step_times", STEP_TIMES, "one row per training step timed by the collector"),
+        Table("memory_roles", MEMORY_ROLES, "storage of parameters, gradients, optimizer state"),
+    )
+}
+"""Every table of the store. The collector's tables live here too: the store owns the schema."""
+
+
+def file_metadata(table: str) -> dict[bytes, bytes]:
+    """Key/value metadata written into every Parquet file of ``table``."""
+    return {SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode(), TABLE_KEY: table.encode()}
