@@ -1,0 +1,56 @@
+"""``stepscope demo``: ingest the bundled sample traces into a local store and show what they hold.
+
+Each folder under ``sample_traces/`` is one run (its files are the ranks). Ingest is idempotent,
+so running the demo twice reuses the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from stepscope.commands._output import to_text
+from stepscope.errors import UsageError
+
+SAMPLE_TRACES = Path(__file__).resolve().parents[2] / "sample_traces"
+
+TIME_BY_CATEGORY = """
+SELECT run, rank, kind, category, count(*) AS events,
+       round(sum(dur_ns) / 1e6, 3) AS summed_ms
+FROM events
+WHERE category IS NOT NULL
+GROUP BY ALL
+ORDER BY run, rank, summed_ms DESC
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", type=Path, default=Path(".stepscope-demo"), help="store folder")
+    parser.add_argument("--traces", type=Path, default=SAMPLE_TRACES, help="folder of sample runs")
+
+
+def sample_runs(traces: Path) -> list[Path]:
+    """The run folders under ``traces`` (each holds one run's rank files)."""
+    if not traces.is_dir():
+        raise UsageError(f"{traces}: no sample traces here (pass --traces DIR)")
+    runs = sorted(p for p in traces.iterdir() if p.is_dir())
+    if not runs:
+        raise UsageError(f"{traces}: no run folders")
+    return runs
+
+
+def run(args: argparse.Namespace) -> int:
+    from stepscope.store import open_store
+    from stepscope.store.ingest import ingest_paths
+
+    for folder in sample_runs(args.traces):
+        report = ingest_paths([folder], args.store, folder.name)
+        for line in report.errors:
+            print(line)
+    with open_store(args.store) as store:
+        print("Runs\n")
+        print(to_text(store.sql("SELECT run, ranks, world_size, backend, gpu_name, events FROM runs ORDER BY run")))
+        print("\nTime by category, per rank (event durations summed; nested or parallel events overlap)\n")
+        print(to_text(store.sql(TIME_BY_CATEGORY)))
+    print(f"\nStore: {args.store.resolve()}  (try: stepscope sql \"SELECT * FROM steps\" --store {args.store})")
+    return 0
