@@ -1,0 +1,65 @@
+"""Shared fixtures: the real traces in ../shared (skipped when absent) and a tiny trace builder."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_TRACES = REPO.parent / "shared" / "traces"
+
+
+@pytest.fixture(scope="session")
+def shared_traces() -> Path:
+    """``../shared/traces``; tests that need it skip cleanly when it is absent."""
+    if not SHARED_TRACES.is_dir():
+        pytest.skip("../shared/traces is not present")
+    return SHARED_TRACES
+
+
+def load_raw(path: Path) -> dict[str, Any]:
+    """A trace's JSON straight from disk: the independent side of every count check."""
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    return json.loads(data)
+
+
+def write_trace(path: Path, events: list[dict[str, Any]], **top: Any) -> Path:
+    """Write a small Kineto-style trace (gzipped when the name ends in .gz)."""
+    doc = json.dumps({"schemaVersion": 1, **top, "traceEvents": events}).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(doc) if path.name.endswith(".gz") else doc)
+    return path
+
+
+@pytest.fixture
+def make_trace(tmp_path: Path) -> Callable[..., Path]:
+    """Build a trace file in a temp folder: ``make_trace("rank0.json", events, distributedInfo=...)``."""
+
+    def build(name: str, events: list[dict[str, Any]], **top: Any) -> Path:
+        return write_trace(tmp_path / "traces" / name, events, **top)
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def ingested(tmp_path_factory: pytest.TempPathFactory, shared_traces: Path) -> Callable[[str], Path]:
+    """Ingest a shared trace once per session and return its store (cached by relative path)."""
+    from stepscope.store.ingest import ingest_paths
+
+    cache: dict[str, Path] = {}
+
+    def get(relative: str) -> Path:
+        if relative not in cache:
+            store = tmp_path_factory.mktemp("store")
+            report = ingest_paths([shared_traces / relative], store, "t")
+            assert report.ok, report.errors
+            cache[relative] = store
+        return cache[relative]
+
+    return get
