@@ -164,6 +164,24 @@ MEMORY_ROLES = pa.schema(
     ]
 )
 
+MEMORY_SNAPSHOT = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("record", _STR, nullable=False),
+        pa.field("device", pa.int64()),
+        pa.field("ts_ns", pa.int64()),
+        pa.field("action", _STR),
+        pa.field("state", _STR),
+        pa.field("addr", pa.int64()),
+        pa.field("bytes", pa.int64()),
+        pa.field("requested_bytes", pa.int64()),
+        pa.field("stream", pa.int64()),
+        pa.field("segment_addr", pa.int64()),
+        pa.field("segment_type", _STR),
+        pa.field("frames", pa.string()),
+    ]
+)
+
 
 @dataclass(frozen=True)
 class Table:
@@ -183,6 +201,7 @@ TABLES: dict[str, Table] = {
         Table("memory", MEMORY, "one row per [memory] allocator event"),
         Table("step_times", STEP_TIMES, "one row per training step timed by the collector"),
         Table("memory_roles", MEMORY_ROLES, "storage of parameters, gradients, optimizer state"),
+        Table("memory_snapshot", MEMORY_SNAPSHOT, "CUDA caching-allocator snapshot: segments, blocks, alloc/free history"),
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""

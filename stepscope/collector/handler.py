@@ -1,0 +1,157 @@
+"""The ``on_trace_ready`` callback: hand a finished trace to the writer thread and return.
+
+Used directly by code that owns its ``torch.profiler.profile``
+(``on_trace_ready=stepscope.trace_handler(store=..., run=...)``) and by ``stepscope.profile``.
+On the training thread it only takes what must be taken now (the finished Kineto result, the
+addresses of parameters/gradients/optimizer state, the CUDA memory snapshot); exporting,
+converting and writing happen in the background writer.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from stepscope.collector.distributed import agree_run_name, rank_info
+from stepscope.collector.export import finished_cycle, save_plain
+from stepscope.collector.faults import FaultPolicy
+from stepscope.collector.memory_roles import RoleRow, memory_roles, roles_table, unique_roles
+from stepscope.collector.memory_snapshot import SnapshotRecorder, snapshot_table
+from stepscope.collector.metadata import run_metadata
+from stepscope.collector.sink import StoreSink
+from stepscope.collector.worker import DEFAULT_FLUSH_TIMEOUT_S, BackgroundWriter
+
+
+class TraceHandler:
+    """Callable for ``on_trace_ready`` that stores each finished trace as one rank of a run."""
+
+    def __init__(
+        self,
+        store: str | Path = "runs/",
+        run: str | None = None,
+        *,
+        model: nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        tags: dict[str, str] | None = None,
+        strict: bool = False,
+        trace_dir: str | Path | None = None,
+        memory_snapshot: bool = True,
+        convert: str = "process",
+        flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
+    ) -> None:
+        self.policy = FaultPolicy(strict)
+        self.writer = BackgroundWriter(self.policy)
+        self.flush_timeout_s = flush_timeout_s
+        self.model = model
+        self.optimizer = optimizer
+        self._store = Path(store)
+        self._run = run
+        self._tags = dict(tags) if tags else None
+        self._trace_dir = Path(trace_dir) if trace_dir is not None else None
+        self._convert = convert
+        self.sink: StoreSink | None = None
+        self._cycle = 0
+        self._roles: list[RoleRow] = []
+        self._lock = threading.Lock()
+        self._sources: list[str] = []
+        self.snapshots = (SnapshotRecorder()
+                          if memory_snapshot and torch.cuda.is_available() else None)
+        self.rearm_history = False
+        """Restart allocator history after each snapshot: set for a bare handler, which cannot
+        see when the next recorded window begins; ``stepscope.profile`` starts it per window."""
+
+    @property
+    def sources(self) -> list[str]:
+        """Source ids of the traces stored so far, in order."""
+        with self._lock:
+            return list(self._sources)
+
+    def open(self) -> StoreSink:
+        """Resolve rank, run name (agreed across ranks) and metadata; idempotent.
+
+        ``stepscope.profile`` calls it when profiling starts; a bare handler calls it at its first
+        trace, which every rank reaches at the same step, so the run-name broadcast still lines up.
+        """
+        if self.sink is None:
+            info = rank_info()
+            self.sink = StoreSink(self._store, agree_run_name(self._run), info.rank,
+                                  info.rank_from, run_metadata(info), self._tags,
+                                  self._trace_dir, self._convert)
+        return self.sink
+
+    def note_memory_roles(self) -> None:
+        """Record the current addresses of parameters, gradients and optimizer state.
+
+        Called at the end of every recorded step, so that gradients re-allocated each step (with
+        ``zero_grad(set_to_none=True)``) are labelled in every step of the trace, not only the last.
+        """
+        if self.model is not None or self.optimizer is not None:
+            self._roles.extend(memory_roles(self.model, self.optimizer))
+
+    def start_memory_history(self) -> None:
+        """Turn CUDA allocator history on ahead of a recorded window (no-op without CUDA)."""
+        if self.snapshots is not None:
+            self.snapshots.start()
+
+    def __call__(self, prof: Any) -> None:
+        try:
+            self._capture(prof)
+        except Exception as exc:  # noqa: BLE001 - never hurt the job
+            self.policy.failed(f"capturing trace {self._cycle}", exc)
+            if self.policy.strict:
+                self.policy.raise_pending()
+
+    def _capture(self, prof: Any) -> None:
+        sink = self.open()
+        results = finished_cycle(prof)
+        cycle = self._cycle
+        self._cycle += 1
+        self.note_memory_roles()
+        roles, self._roles = unique_roles(self._roles), []
+        snapshot = None
+        if self.snapshots is not None and self.snapshots.recording:
+            snapshot = self.snapshots.take()
+            if self.rearm_history:
+                self.snapshots.start()
+        self.writer.submit(
+            f"writing trace {cycle} of run {sink.run_name!r} (rank {sink.rank})",
+            lambda: self._write(sink, results, cycle, roles, snapshot),
+        )
+
+    def _write(self, sink: StoreSink, results: Any, cycle: int, roles: list[RoleRow],
+               snapshot: dict[str, Any] | None) -> None:
+        source = sink.store_trace(lambda path: save_plain(results, path), cycle)
+        with self._lock:
+            self._sources.append(source)
+        if roles:
+            sink.store_table("memory_roles", source, roles_table(roles, source))
+        if snapshot is not None:
+            sink.store_table("memory_snapshot", source, snapshot_table(snapshot, source))
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait (bounded) until every trace handed over so far is stored."""
+        return self.writer.flush(self.flush_timeout_s if timeout_s is None else timeout_s)
+
+    def close(self) -> None:
+        """Flush with the bounded wait and stop the writer; in strict mode raise a kept failure."""
+        if self.snapshots is not None:
+            self.snapshots.stop()
+        self.writer.close(self.flush_timeout_s)
+        if self.policy.strict:
+            self.policy.raise_pending()
+
+
+def trace_handler(store: str | Path = "runs/", run: str | None = None, **options: Any) -> TraceHandler:
+    """``on_trace_ready`` callback storing each trace of a profiler you own into ``store``.
+
+    ``options`` are those of ``TraceHandler`` (model, optimizer, tags, strict, trace_dir, ...).
+    Pending writes are flushed at interpreter exit with a bounded wait, or call ``.close()``.
+    """
+    handler = TraceHandler(store, run, **options)
+    handler.rearm_history = True
+    handler.start_memory_history()
+    return handler

@@ -1,0 +1,124 @@
+"""CUDA memory snapshots: recorded around the profiled window, read safely, stored as a table.
+
+``torch.cuda.memory._snapshot()`` gives the caching allocator's segments and blocks (with the
+stack that allocated each) and a ring buffer of alloc/free events. It is saved as a pickle, and a
+pickle can run arbitrary code when loaded, so a snapshot file is only ever read with
+``SnapshotUnpickler``, which refuses every global: a real snapshot is plain dicts, lists, strings
+and numbers (checked on a real one in the tests), so nothing legitimate is refused.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from stepscope.errors import TraceFormatError
+from stepscope.store.schema import MEMORY_SNAPSHOT
+
+log = logging.getLogger("stepscope.collector")
+
+HISTORY_MAX_ENTRIES = 100_000
+"""Ring-buffer size for alloc/free history: bounded, since each entry holds a stack."""
+
+
+class SnapshotUnpickler(pickle.Unpickler):
+    """An unpickler for memory snapshots that refuses to import anything."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused global {module}.{name}: a memory snapshot holds "
+                                     "only plain data")
+
+
+def load_snapshot(path: str | Path) -> dict[str, Any]:
+    """Read a snapshot pickle safely; a refused or broken file is a ``TraceFormatError``."""
+    data = Path(path).read_bytes()
+    try:
+        snapshot = SnapshotUnpickler(io.BytesIO(data)).load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
+        raise TraceFormatError(path, f"not a readable memory snapshot ({exc})") from exc
+    if not isinstance(snapshot, dict) or "segments" not in snapshot:
+        raise TraceFormatError(path, "not a memory snapshot (no 'segments' key)")
+    return snapshot
+
+
+def snapshot_table(snapshot: dict[str, Any], source: str) -> pa.Table:
+    """Segments, blocks and alloc/free history of ``snapshot`` as a ``memory_snapshot`` table.
+
+    One row per segment (``record='segment'``), per block (``'block'``, ``state`` set) and per
+    history entry (``'trace'``, ``action`` and ``ts_ns`` set). ``frames`` is the allocation stack
+    as JSON ``[[filename, line, name], ...]``, innermost first, as recorded.
+    """
+    cols: dict[str, list[Any]] = {name: [] for name in MEMORY_SNAPSHOT.names}
+
+    def add(**row: Any) -> None:
+        for name in cols:
+            cols[name].append(row.get(name))
+
+    for seg in snapshot.get("segments", []):
+        seg_addr = seg.get("address")
+        add(record="segment", device=seg.get("device"), addr=seg_addr,
+            bytes=seg.get("total_size"), requested_bytes=seg.get("requested_size"),
+            stream=seg.get("stream"), segment_addr=seg_addr,
+            segment_type=seg.get("segment_type"), frames=_frames(seg.get("frames")))
+        for block in seg.get("blocks", []):
+            add(record="block", device=seg.get("device"), state=block.get("state"),
+                addr=block.get("address"), bytes=block.get("size"),
+                requested_bytes=block.get("requested_size"), stream=seg.get("stream"),
+                segment_addr=seg_addr, segment_type=seg.get("segment_type"),
+                frames=_frames(block.get("frames")))
+    for device, entries in enumerate(snapshot.get("device_traces", [])):
+        for entry in entries:
+            time_us = entry.get("time_us")
+            add(record="trace", device=device, action=entry.get("action"),
+                ts_ns=None if time_us is None else int(time_us) * 1000, addr=entry.get("addr"),
+                bytes=entry.get("size"), stream=entry.get("stream"),
+                frames=_frames(entry.get("frames")))
+    cols["source"] = [source] * len(cols["record"])
+    arrays = [pa.array(cols[f.name], type=f.type.value_type if pa.types.is_dictionary(f.type)
+                       else f.type) for f in MEMORY_SNAPSHOT]
+    return pa.Table.from_arrays(arrays, names=MEMORY_SNAPSHOT.names).cast(MEMORY_SNAPSHOT)
+
+
+def _frames(frames: list[dict[str, Any]] | None) -> str | None:
+    if not frames:
+        return None
+    return json.dumps([[f.get("filename"), f.get("line"), f.get("name")] for f in frames])
+
+
+class SnapshotRecorder:
+    """Turns allocator history on for the profiled window and takes the snapshot at its end.
+
+    Only on CUDA (the CPU build has no allocator history). ``take()`` runs on the training
+    thread because it must see the allocator as it is now; turning the dict into a table is left
+    to the background writer.
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        self._memory = torch.cuda.memory
+        self.recording = False
+
+    def start(self) -> None:
+        if not self.recording:
+            self._memory._record_memory_history(enabled="all", context="alloc", stacks="python",
+                                                max_entries=HISTORY_MAX_ENTRIES)
+            self.recording = True
+
+    def take(self) -> dict[str, Any]:
+        """The snapshot now; recording stops until the next ``start()``."""
+        try:
+            return self._memory._snapshot()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        if self.recording:
+            self._memory._record_memory_history(enabled=None)
+            self.recording = False

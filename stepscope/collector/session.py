@@ -1,0 +1,172 @@
+"""``stepscope.profile``: one context manager around a training loop.
+
+It drives ``torch.profiler`` with a bounded schedule, times every step, records which memory
+belongs to the model and optimizer, and hands each finished trace to the background writer.
+Everything it does is guarded by the fault policy: when stepscope fails, the loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerAction
+
+from stepscope.collector.handler import TraceHandler
+from stepscope.collector.options import RECORDING, WARMING, Recording, Schedule, profiler_kwargs
+from stepscope.collector.step_timer import StepTimer
+from stepscope.collector.worker import DEFAULT_FLUSH_TIMEOUT_S
+
+log = logging.getLogger("stepscope.collector")
+
+
+class Profile:
+    """What ``stepscope.profile(...)`` returns; call ``step()`` once per training step."""
+
+    def __init__(
+        self,
+        store: str | Path = "runs/",
+        run: str | None = None,
+        *,
+        wait: int = 5,
+        warmup: int = 2,
+        active: int = 3,
+        repeat: int = 1,
+        skip_first: int = 0,
+        model: nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        record_shapes: bool = True,
+        profile_memory: bool = True,
+        with_stack: bool = False,
+        with_flops: bool = False,
+        with_modules: bool = False,
+        memory_snapshot: bool = True,
+        tags: dict[str, str] | None = None,
+        strict: bool = False,
+        trace_dir: str | Path | None = None,
+        convert: str = "process",
+        flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
+    ) -> None:
+        self.schedule = Schedule(wait, warmup, active, repeat, skip_first)
+        self.recording = Recording(record_shapes, profile_memory, with_stack, with_flops,
+                                   with_modules)
+        self.handler = TraceHandler(store, run, model=model, optimizer=optimizer, tags=tags,
+                                    strict=strict, trace_dir=trace_dir,
+                                    memory_snapshot=memory_snapshot and profile_memory,
+                                    convert=convert,
+                                    flush_timeout_s=flush_timeout_s)
+        self.timer = StepTimer()
+        self.step_num = 0
+        """The step now running, numbered like ``ProfilerStep#N`` (from 0)."""
+        self._actions = self.schedule.torch_schedule()
+        self._torch: torch.profiler.profile | None = None
+        self._remember_roles = model is not None or optimizer is not None
+
+    @property
+    def policy(self):  # noqa: ANN201 - FaultPolicy, re-exported for callers that check ``dropped``
+        return self.handler.policy
+
+    @property
+    def run(self) -> str | None:
+        """The run's id in the store (None until profiling started)."""
+        return self.handler.sink.run if self.handler.sink is not None else None
+
+    @property
+    def rank(self) -> int | None:
+        return self.handler.sink.rank if self.handler.sink is not None else None
+
+    def __enter__(self) -> Profile:
+        with self.policy.guard("starting the profiler"):
+            self.handler.open()
+            if self._actions(0) in WARMING | RECORDING:
+                self.handler.start_memory_history()
+            prof = torch.profiler.profile(**profiler_kwargs(self.schedule, self.recording),
+                                          on_trace_ready=self.handler)
+            prof.__enter__()
+            self._torch = prof
+        self.timer.begin()
+        return self
+
+    def step(self, tokens: int | None = None, samples: int | None = None) -> None:
+        """End the current training step (``tokens``/``samples`` it processed, for throughput)."""
+        step = self.step_num
+        action = self._actions(step)
+        self.timer.end_step(step, action in RECORDING, tokens, samples)
+        self.step_num = step + 1
+        if self._torch is None:
+            return
+        try:
+            if self._remember_roles and action in RECORDING:
+                self.handler.note_memory_roles()
+            if self._actions(step + 1) in WARMING | RECORDING and action not in WARMING | RECORDING:
+                self.handler.start_memory_history()
+            self._torch.step()
+            if action is ProfilerAction.RECORD_AND_SAVE:
+                # The trace was just handed to the writer; the step times follow it in the queue.
+                self._submit_step_times()
+        except Exception as exc:  # noqa: BLE001 - never hurt the job
+            self._give_up("a profiler step", exc)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._torch is not None:
+            try:
+                self._torch.__exit__(exc_type, exc, tb)
+            except Exception as error:  # noqa: BLE001 - never hurt the job
+                self._give_up("stopping the profiler", error)
+        self._submit_step_times(wait_for_gpu=True)
+        # A failure kept in strict mode is raised only when the loop itself succeeded, so it
+        # never hides the job's own exception.
+        try:
+            self.handler.close()
+        except Exception:
+            if exc_type is None:
+                raise
+
+    def _give_up(self, what: str, exc: Exception) -> None:
+        """Stop profiling for good after a failure of the profiler itself; timing goes on."""
+        prof, self._torch = self._torch, None
+        self.policy.failed(what, exc)
+        if prof is not None:
+            try:
+                prof.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - already failing; the first cause was reported
+                log.debug("stepscope: stopping the profiler after a failure also failed",
+                          exc_info=True)
+        if self.policy.strict:
+            self.policy.raise_pending()
+
+    def _submit_step_times(self, wait_for_gpu: bool = False) -> None:
+        """Queue a rewrite of this rank's ``step_times`` (every step so far).
+
+        Rows live under the first stored trace's source, since the store shows a table's rows only
+        once their source is committed; rewriting that one part keeps a single, growing copy.
+        Without any stored trace there is nothing to attach them to, and they are not written.
+        """
+        rows = self.timer.snapshot(wait_for_gpu)
+        sink = self.handler.sink
+        if sink is None or len(rows) == 0:
+            return
+
+        def write() -> None:
+            sources = self.handler.sources
+            if not sources:
+                log.warning("stepscope: no trace of rank %d was stored, so its %d step times "
+                            "were not written", sink.rank, len(rows))
+                return
+            sink.store_table("step_times", sources[0], rows.table(sources[0]))
+
+        self.handler.writer.submit(f"writing the step times of rank {sink.rank}", write)
+
+
+def profile(store: str | Path = "runs/", run: str | None = None, **options: Any) -> Profile:
+    """Profile a training loop into ``store`` as run ``run``; see ``Profile`` for the options.
+
+    ``with stepscope.profile(store="runs/", run="llama", model=model, optimizer=opt) as prof:``
+    then ``prof.step()`` after every training step.
+    """
+    return Profile(store, run, **options)

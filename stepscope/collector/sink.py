@@ -1,0 +1,95 @@
+"""Where the collector's output goes: one rank's partitions of one run in a store.
+
+The single place where the collector touches the store, through the store's own ingest path
+(one parser for live and offline traces) and its atomic partition writer.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from stepscope.collector import convert_job
+from stepscope.store.writer import run_id, write_partition
+
+CONVERT_MODES = ("process", "thread")
+
+
+@dataclass(frozen=True)
+class StoreSink:
+    """Writes traces and collector tables for ``rank`` of the run named ``run_name``.
+
+    ``convert="process"`` (default) compresses and ingests each trace in a child process, so the
+    training process's GIL is not held by conversion; ``"thread"`` does it in the writer thread
+    (for environments that forbid starting processes). ``trace_dir``, when given, keeps the
+    exported Kineto JSON files there (``rank<r>.pt.trace.json.gz``, then
+    ``rank<r>.cycle<k>.pt.trace.json.gz`` for later cycles of a repeating schedule); otherwise
+    they are exported to a temporary folder inside the store (same filesystem, so a full disk
+    shows up as what it is) and removed once ingested.
+    """
+
+    store: Path
+    run_name: str
+    rank: int
+    rank_from: str
+    metadata: dict[str, Any]
+    tags: dict[str, str] | None
+    trace_dir: Path | None = None
+    convert: str = "process"
+    convert_timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.convert not in CONVERT_MODES:
+            raise ValueError(f"convert must be one of {CONVERT_MODES}, not {self.convert!r}")
+
+    @property
+    def run(self) -> str:
+        """The run's id in the store (its name reduced to safe characters)."""
+        return run_id(self.run_name)
+
+    def trace_name(self, cycle: int) -> str:
+        suffix = "" if cycle == 0 else f".cycle{cycle}"
+        return f"rank{self.rank}{suffix}.pt.trace.json.gz"
+
+    def store_trace(self, export: Callable[[Path], object], cycle: int) -> str:
+        """Export a trace as plain JSON with ``export(path)``, then compress and ingest it.
+
+        Returns the trace's ``source`` id.
+        """
+        if self.trace_dir is not None:
+            self.trace_dir.mkdir(parents=True, exist_ok=True)
+            return self._convert(export, self.trace_dir / self.trace_name(cycle))
+        self.store.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".stepscope-export-", dir=self.store) as tmp:
+            return self._convert(export, Path(tmp) / self.trace_name(cycle))
+
+    def store_table(self, table: str, source: str, data: pa.Table) -> Path:
+        """Write one of the collector's tables as the part of trace ``source``."""
+        return write_partition(self.store, table, self.run, self.rank, source, data)
+
+    def _convert(self, export: Callable[[Path], object], target: Path) -> str:
+        plain = target.with_name(target.name + ".export.json")
+        export(plain)
+        job = {"plain": str(plain), "target": str(target), "store": str(self.store),
+               "run_name": self.run_name, "rank": self.rank, "rank_from": self.rank_from,
+               "metadata": self.metadata, "tags": self.tags}
+        if self.convert == "thread":
+            return str(convert_job.convert(job)["source"])
+        try:
+            done = subprocess.run([sys.executable, "-m", convert_job.__name__],
+                                  input=json.dumps(job), capture_output=True, text=True,
+                                  timeout=self.convert_timeout_s, check=False)
+        finally:
+            plain.unlink(missing_ok=True)
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines()
+            raise RuntimeError(f"converting {target.name} failed: "
+                               f"{lines[-1] if lines else f'exit status {done.returncode}'}")
+        return str(json.loads(done.stdout)["source"])

@@ -1,0 +1,136 @@
+"""Every training step timed, not only the profiled ones.
+
+The profiler sees a few steps; the step timer sees all of them, cheaply enough to leave on for a
+week: two clock reads and a few appends to typed arrays per step (8 bytes per value, so a million
+steps cost ~50 MB, not the ~250 MB of Python lists of ints). On GPU it also records one CUDA
+event per step boundary (the end event of a step is the start event of the next) and resolves
+elapsed times only once an event has completed (``Event.query()``), so it never synchronises the
+device during training.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections import deque
+from dataclasses import dataclass
+
+import pyarrow as pa
+import torch
+
+from stepscope.store.schema import STEP_TIMES
+
+_MISSING = -1
+"""Internal placeholder in the typed arrays; becomes null in the table (never stored)."""
+
+
+class StepTimer:
+    """Times the steps between calls to ``begin()`` and successive ``end_step()`` calls."""
+
+    def __init__(self, use_cuda: bool | None = None) -> None:
+        self.use_cuda = torch.cuda.is_available() if use_cuda is None else use_cuda
+        # Epoch offset of the monotonic clock, taken once: step starts are stored on the same
+        # absolute (Unix epoch, ns) clock as trace events, durations come from the monotonic one.
+        self._epoch_offset = time.time_ns() - time.perf_counter_ns()
+        self._step = array("q")
+        self._start = array("q")
+        self._wall = array("q")
+        self._gpu = array("q")
+        self._profiled = array("b")
+        self._tokens = array("q")
+        self._samples = array("q")
+        self._t0: int | None = None
+        self._event: torch.cuda.Event | None = None
+        self._pending: deque[tuple[int, torch.cuda.Event, torch.cuda.Event]] = deque()
+
+    def begin(self) -> None:
+        """Start timing the first step (called when profiling starts)."""
+        self._t0 = time.perf_counter_ns()
+        if self.use_cuda:
+            self._event = self._record_event()
+
+    def end_step(self, step: int, profiled: bool, tokens: int | None = None,
+                 samples: int | None = None) -> None:
+        """Close step ``step`` and start the next one."""
+        now = time.perf_counter_ns()
+        if self._t0 is None:
+            self._t0 = now
+            return
+        self._step.append(step)
+        self._start.append(self._epoch_offset + self._t0)
+        self._wall.append(now - self._t0)
+        self._gpu.append(_MISSING)
+        self._profiled.append(1 if profiled else 0)
+        self._tokens.append(_MISSING if tokens is None else int(tokens))
+        self._samples.append(_MISSING if samples is None else int(samples))
+        self._t0 = now
+        if self.use_cuda and self._event is not None:
+            end = self._record_event()
+            self._pending.append((len(self._step) - 1, self._event, end))
+            self._event = end
+            self._resolve(block=False)
+
+    def __len__(self) -> int:
+        return len(self._step)
+
+    def snapshot(self, wait_for_gpu: bool = False) -> StepRows:
+        """A copy of the steps timed so far, cheap enough for the training thread (memcpy).
+
+        GPU times of steps whose CUDA events have not completed yet stay null unless
+        ``wait_for_gpu`` (used once, when profiling ends).
+        """
+        self._resolve(block=wait_for_gpu)
+        return StepRows(*(array(a.typecode, a) for a in (
+            self._step, self._start, self._wall, self._gpu, self._profiled, self._tokens,
+            self._samples)))
+
+    def _record_event(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _resolve(self, block: bool) -> None:
+        """Fill ``gpu_ns`` for steps whose end event has completed (all of them when ``block``)."""
+        while self._pending:
+            index, start, end = self._pending[0]
+            if block:
+                end.synchronize()
+            elif not end.query():
+                return
+            self._gpu[index] = round(start.elapsed_time(end) * 1_000_000)  # ms -> ns
+            self._pending.popleft()
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """A frozen copy of timed steps; turned into a table in the writer thread."""
+
+    step: array
+    start_ns: array
+    wall_ns: array
+    gpu_ns: array
+    profiled: array
+    tokens: array
+    samples: array
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def table(self, source: str) -> pa.Table:
+        """The rows as a ``step_times`` table of trace ``source``."""
+        return pa.table(
+            {
+                "source": pa.array([source] * len(self), pa.string()).dictionary_encode(),
+                "step": pa.array(self.step, pa.int64()),
+                "start_ns": pa.array(self.start_ns, pa.int64()),
+                "wall_ns": pa.array(self.wall_ns, pa.int64()),
+                "gpu_ns": _nullable(self.gpu_ns),
+                "profiled": pa.array([bool(v) for v in self.profiled], pa.bool_()),
+                "tokens": _nullable(self.tokens),
+                "samples": _nullable(self.samples),
+            }
+        ).cast(STEP_TIMES)
+
+
+def _nullable(values: array) -> pa.Array:
+    return pa.array([None if v == _MISSING else v for v in values], pa.int64())
