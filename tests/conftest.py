@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,12 +22,15 @@ def shared_traces() -> Path:
     return SHARED_TRACES
 
 
-def load_raw(path: Path) -> dict[str, Any]:
-    """A trace's JSON straight from disk: the independent side of every count check."""
+def load_raw(path: Path, exact: bool = False) -> dict[str, Any]:
+    """A trace's JSON straight from disk: the independent side of every count check.
+
+    ``exact`` parses fractional numbers as ``Decimal`` so expected nanoseconds carry no float error.
+    """
     data = path.read_bytes()
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
-    return json.loads(data)
+    return json.loads(data, parse_float=Decimal) if exact else json.loads(data)
 
 
 def write_trace(path: Path, events: list[dict[str, Any]], **top: Any) -> Path:

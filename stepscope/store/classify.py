@@ -25,6 +25,7 @@ KIND_BY_CAT: dict[str, str] = {
     "ac2g": "flow",
     "async_cpu_to_gpu": "flow",
     "fwdbwd": "flow",
+    "async_gpu": "flow",
     # Pre-2021 Kineto category names.
     "operator": "cpu_op",
     "runtime": "cuda_runtime",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Callable, Sequence
 
 import msgspec
@@ -18,7 +19,7 @@ import pyarrow.compute as pc
 from stepscope.errors import TraceFormatError
 from stepscope.store import schema
 from stepscope.store.classify import classify, dtype_bytes, normalise_collective
-from stepscope.store.kineto import ARGS_DECODER, EventArgs, RawTrace
+from stepscope.store.kineto import ARGS_DECODER, EventArgs, ExactTimeEvent, RawTrace
 
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 STEP_KINDS = frozenset({"user_annotation", "cpu_op"})
@@ -82,12 +83,17 @@ def _int_array(values: Sequence[Any], path: str, column: str) -> pa.Array:
         raise TraceFormatError(path, f"non-integer value in '{column}' ({exc})") from exc
 
 
-def _microseconds_to_ns(values: Sequence[int | float | None], base_ns: int) -> np.ndarray:
-    """Absolute int64 ns from Kineto's microsecond floats, without float64 rounding at epoch scale.
+def _microseconds_to_ns(values: Sequence[int | float | Decimal | None], base_ns: int,
+                        exact: bool = False) -> np.ndarray:
+    """Absolute int64 ns from Kineto's microseconds, without float64 rounding at epoch scale.
 
     Epoch microseconds (~1.7e15) times 1000 exceed float64's exact range, so the whole and the
-    fractional microseconds are converted separately. Null stays NaN -> masked by the caller.
+    fractional microseconds are converted separately. Exact decimals (see ``ExactTimeEvent``)
+    are converted exactly. Nulls become 0 here and are masked by the caller.
     """
+    if exact:
+        return np.array([0 if v is None else int((Decimal(v) * 1000).to_integral_value()) for v in values],
+                        dtype=np.int64) + base_ns
     us = pa.array(values, pa.float64()).to_numpy(zero_copy_only=False)
     whole = np.floor(us)
     frac_ns = np.rint((us - whole) * 1000.0)
@@ -263,7 +269,8 @@ def convert(trace: RawTrace, source: str, progress: Callable[[int], None] | None
 
     ts_raw = [e.ts for e in events]
     dur_raw = [e.dur for e in events]
-    ts_ns = _microseconds_to_ns(ts_raw, trace.base_time_ns)
+    ts_ns = _microseconds_to_ns(ts_raw, trace.base_time_ns,
+                                exact=bool(events) and isinstance(events[0], ExactTimeEvent))
     ts_null = np.fromiter((t is None for t in ts_raw), bool, n)
     dur_ns = _microseconds_to_ns(dur_raw, 0)
     dur_null = np.fromiter((d is None for d in dur_raw), bool, n)

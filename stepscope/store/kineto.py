@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import zlib
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Union
 
@@ -36,6 +37,16 @@ class TraceEvent(msgspec.Struct, gc=False):
     tid: Union[int, str, None] = None
     id: Union[int, str, None] = None
     args: msgspec.Raw = msgspec.Raw()
+
+
+class ExactTimeEvent(TraceEvent, gc=False):
+    """The same event with ``ts`` kept as an exact decimal.
+
+    Used only for traces whose absolute epoch-microsecond ``ts`` carry fractions: float64 holds
+    such values only to ~0.12 us, and the store promises the recorded digits.
+    """
+
+    ts: Union[Decimal, None] = None
 
 
 class EventArgs(msgspec.Struct, gc=False):
@@ -67,6 +78,9 @@ class EventArgs(msgspec.Struct, gc=False):
 
 _TOP_KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[TraceEvent])
+_EXACT_EVENTS = msgspec.json.Decoder(list[ExactTimeEvent])
+FLOAT64_EXACT_US = 2.0**33
+"""Above ~8.6e9 us a float64 microsecond no longer resolves 1 ns: such fractional ts are re-read."""
 ARGS_DECODER = msgspec.json.Decoder(EventArgs)
 _ANY = msgspec.json.Decoder()
 
@@ -142,6 +156,8 @@ def decode(path: str | Path) -> RawTrace:
         raise TraceFormatError(path, f"malformed event ({exc})") from exc
     except msgspec.DecodeError as exc:
         raise TraceFormatError(path, f"not valid JSON ({exc})") from exc
+    if any(type(e.ts) is float and e.ts > FLOAT64_EXACT_US and not e.ts.is_integer() for e in events):
+        events = _EXACT_EVENTS.decode(raw_events)
     meta = {key: _ANY.decode(value) for key, value in top.items() if key != "traceEvents"}
     base = meta.pop("baseTimeNanoseconds", 0)
     if not isinstance(base, int) or base < 0:

@@ -161,6 +161,7 @@ MEMORY_ROLES = pa.schema(
         pa.field("bytes", pa.int64(), nullable=False),
         pa.field("device_type", pa.int64()),
         pa.field("device", pa.int64()),
+        pa.field("step", pa.int64()),
     ]
 )
 
