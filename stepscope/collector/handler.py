@@ -83,14 +83,15 @@ class TraceHandler:
                                   self._trace_dir, self._convert)
         return self.sink
 
-    def note_memory_roles(self) -> None:
+    def note_memory_roles(self, step: int | None = None) -> None:
         """Record the current addresses of parameters, gradients and optimizer state.
 
-        Called at the end of every recorded step, so that gradients re-allocated each step (with
-        ``zero_grad(set_to_none=True)``) are labelled in every step of the trace, not only the last.
+        ``stepscope.profile`` calls it at the end of every recorded step (with the step), so that
+        gradients re-allocated each step (``zero_grad(set_to_none=True)``) are labelled in every
+        step of the trace, not only the last; a bare handler sees only the end of the window.
         """
         if self.model is not None or self.optimizer is not None:
-            self._roles.extend(memory_roles(self.model, self.optimizer))
+            self._roles.extend(memory_roles(self.model, self.optimizer, step))
 
     def start_memory_history(self) -> None:
         """Turn CUDA allocator history on ahead of a recorded window (no-op without CUDA)."""
@@ -110,7 +111,8 @@ class TraceHandler:
         results = finished_cycle(prof)
         cycle = self._cycle
         self._cycle += 1
-        self.note_memory_roles()
+        if not self._roles:
+            self.note_memory_roles()
         roles, self._roles = unique_roles(self._roles), []
         snapshot = None
         if self.snapshots is not None and self.snapshots.recording:

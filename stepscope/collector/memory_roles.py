@@ -31,7 +31,8 @@ DEVICE_TYPES = {"cpu": 0, "cuda": 1, "mkldnn": 2, "opengl": 3, "opencl": 4, "ide
 
 @dataclass(frozen=True)
 class RoleRow:
-    """One storage with a role: ``addr`` is its data pointer, ``nbytes`` its size."""
+    """One storage with a role: ``addr`` is its data pointer, ``nbytes`` its size, ``step`` the
+    step at whose end it was seen (None: at the end of the trace, step unknown)."""
 
     role: str
     name: str
@@ -39,29 +40,32 @@ class RoleRow:
     nbytes: int
     device_type: int | None
     device: int | None
+    step: int | None
 
 
-def memory_roles(model: nn.Module | None, optimizer: torch.optim.Optimizer | None) -> list[RoleRow]:
-    """The storages of the model's parameters and gradients and of the optimizer's state now."""
+def memory_roles(model: nn.Module | None, optimizer: torch.optim.Optimizer | None,
+                 step: int | None = None) -> list[RoleRow]:
+    """The storages of the model's parameters and gradients and of the optimizer's state now,
+    at the end of ``step``."""
     rows: list[RoleRow] = []
     names: dict[int, str] = {}
     if model is not None:
         for name, param in model.named_parameters():
             names[id(param)] = name
-            rows.extend(_storage_row("parameter", name, param))
+            rows.extend(_storage_row("parameter", name, param, step))
             if param.grad is not None:
-                rows.extend(_storage_row("gradient", name, param.grad))
+                rows.extend(_storage_row("gradient", name, param.grad, step))
     if optimizer is not None:
         for group in optimizer.param_groups:
             for param in group["params"]:
                 name = names.get(id(param), f"param@{id(param):x}")
                 if model is None:
-                    rows.extend(_storage_row("parameter", name, param))
+                    rows.extend(_storage_row("parameter", name, param, step))
                     if param.grad is not None:
-                        rows.extend(_storage_row("gradient", name, param.grad))
+                        rows.extend(_storage_row("gradient", name, param.grad, step))
                 for key, value in optimizer.state.get(param, {}).items():
                     if isinstance(value, torch.Tensor):
-                        rows.extend(_storage_row("optimizer_state", f"{name}.{key}", value))
+                        rows.extend(_storage_row("optimizer_state", f"{name}.{key}", value, step))
     return unique_roles(rows)
 
 
@@ -76,11 +80,12 @@ def roles_table(rows: list[RoleRow], source: str) -> pa.Table:
             "bytes": pa.array([r.nbytes for r in rows], pa.int64()),
             "device_type": pa.array([r.device_type for r in rows], pa.int64()),
             "device": pa.array([r.device for r in rows], pa.int64()),
+            "step": pa.array([r.step for r in rows], pa.int64()),
         }
     ).cast(MEMORY_ROLES)
 
 
-def _storage_row(role: str, name: str, tensor: torch.Tensor) -> list[RoleRow]:
+def _storage_row(role: str, name: str, tensor: torch.Tensor, step: int | None) -> list[RoleRow]:
     if tensor.is_sparse or tensor.device.type == "meta":
         return []
     storage = tensor.untyped_storage()
@@ -88,15 +93,16 @@ def _storage_row(role: str, name: str, tensor: torch.Tensor) -> list[RoleRow]:
     if addr == 0 or nbytes == 0:
         return []
     return [RoleRow(role, name, addr, nbytes, DEVICE_TYPES.get(tensor.device.type),
-                    tensor.device.index if tensor.device.type != "cpu" else None)]
+                    tensor.device.index if tensor.device.type != "cpu" else None, step)]
 
 
 def unique_roles(rows: list[RoleRow]) -> list[RoleRow]:
-    """One row per (role, storage); the first name seen is kept (tied weights share storage)."""
-    seen: set[tuple[str, int, int]] = set()
+    """One row per (role, storage, step); the first name seen is kept (tied weights share
+    storage)."""
+    seen: set[tuple[str, int, int, int | None]] = set()
     out: list[RoleRow] = []
     for row in rows:
-        key = (row.role, row.addr, row.nbytes)
+        key = (row.role, row.addr, row.nbytes, row.step)
         if key not in seen:
             seen.add(key)
             out.append(row)

@@ -101,7 +101,7 @@ class Profile:
             return
         try:
             if self._remember_roles and action in RECORDING:
-                self.handler.note_memory_roles()
+                self.handler.note_memory_roles(step)
             if self._actions(step + 1) in WARMING | RECORDING and action not in WARMING | RECORDING:
                 self.handler.start_memory_history()
             self._torch.step()
