@@ -155,8 +155,10 @@ class Profile:
         def write() -> None:
             sources = self.handler.sources
             if not sources:
-                log.warning("stepscope: no trace of rank %d was stored, so its %d step times "
-                            "were not written", sink.rank, len(rows))
+                # After a dropped trace this is a consequence of the failure already reported.
+                level = logging.DEBUG if self.policy.dropped else logging.WARNING
+                log.log(level, "stepscope: no trace of rank %d was stored, so its %d step times "
+                        "were not written", sink.rank, len(rows))
                 return
             sink.store_table("step_times", sources[0], rows.table(sources[0]))
 
