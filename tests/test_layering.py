@@ -1,0 +1,43 @@
+"""Dependencies point one way: store and analysis never import torch/streamlit/altair."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "stepscope"
+FORBIDDEN = {
+    "store": {"torch", "streamlit", "altair", "stepscope.analysis", "stepscope.dashboard", "stepscope.collector"},
+    "analysis": {"torch", "streamlit", "altair", "stepscope.dashboard", "stepscope.collector"},
+    "collector": {"streamlit", "altair", "stepscope.dashboard", "stepscope.analysis"},
+}
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("layer", list(FORBIDDEN))
+def test_layer_imports(layer: str) -> None:
+    for path in (PACKAGE / layer).rglob("*.py"):
+        for name in _imports(path):
+            for banned in FORBIDDEN[layer]:
+                assert not (name == banned or name.startswith(banned + ".")), f"{path} imports {name}"
+
+
+def test_cli_start_does_not_import_heavy_modules() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from stepscope.cli import build_parser; build_parser(None); "
+            "print(sorted(m for m in ('torch', 'duckdb', 'pyarrow', 'pandas', 'streamlit') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
