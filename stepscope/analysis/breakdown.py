@@ -1,0 +1,362 @@
+"""Where each step's time goes, per rank: GPU breakdown, host breakdown and HTA-style totals.
+
+Definitions are in docs/ANALYSIS.md; in short:
+
+- A step's window is the TensorBoard profiler plugin's: it starts when the CPU starts the step
+  (or when the previous window ends, if later) and ends when both the CPU has finished the step
+  and the GPU has finished the work the step launched. So a kernel that runs after its step's
+  CPU window still counts for its step, and windows never overlap.
+- Inside a window, GPU time is split by TraceLens' ``gpu_timeline`` priority over the unions
+  of all streams: compute, then communication not under compute, then copies (H2D, D2H, D2D,
+  other) not under either, then memsets, then idle. The parts are disjoint and sum to the
+  window's duration exactly (integer ns).
+- Idle time is split by HTA's causes, applied to the gaps of the all-streams union.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+from stepscope.analysis._sql import rank_filter, sweep_ctes
+from stepscope.analysis.absent import NO_COMMUNICATION, NO_GPU_EVENTS, NO_STEPS, Absent, Maybe, missing_rank
+from stepscope.analysis.sections import SQLStore
+
+GPU_KINDS_SQL = "('kernel', 'memcpy', 'memset')"
+
+GPU_CLASSES: tuple[str, ...] = (
+    "compute",
+    "communication",
+    "memcpy_h2d",
+    "memcpy_d2h",
+    "memcpy_d2d",
+    "memcpy_other",
+    "memset",
+)
+"""``events.category`` of GPU work in priority order: a segment where several are active
+belongs to the first. The index is the class number used in the SQL."""
+
+KERNEL_WAIT_NS = 30_000
+"""HTA's ``consecutive_kernel_delay`` default (30 us): shorter gaps are launch latency."""
+
+HOST_CLASSES: tuple[str, ...] = ("data_loading", "optimizer", "compute_ops", "communication_ops")
+"""Host-side classes in priority order (see :func:`host_breakdown`)."""
+
+
+# HTA's loader (``Trace._filter_irrelevant_gpu_kernels``, default ``include_last_profiler_step=False``)
+# keeps only GPU work whose launch is recorded and started before the last ProfilerStep began,
+# and applies this only when the trace has at least two steps.
+_HTA_SCOPE = """
+    AND (
+        (SELECT count(*) FROM steps s WHERE s.run = $run AND s.rank = e.rank) < 2
+        OR EXISTS (
+            SELECT 1 FROM events r
+            WHERE r.run = $run AND r.rank = e.rank AND r.source = e.source
+              AND r.correlation = e.correlation AND r.kind IN ('cuda_runtime', 'cuda_driver')
+              AND r.ts_ns < (SELECT max(s.start_ns) FROM steps s WHERE s.run = $run AND s.rank = e.rank)
+        )
+    )"""
+
+
+def _gpu_cte(rf: str, *, hta_scope: bool = False) -> str:
+    """``gpu``: every GPU interval of the run with positive duration and its class number.
+
+    A category outside :data:`GPU_CLASSES` is an ingest bug and fails the query loudly instead
+    of being counted somewhere. ``hta_scope`` restricts the events to those HTA keeps.
+    """
+    cases = " ".join(f"WHEN '{c}' THEN {i}" for i, c in enumerate(GPU_CLASSES))
+    return f"""
+gpu AS MATERIALIZED (
+    SELECT rank, source, ts_ns AS t0, ts_ns + dur_ns AS t1, step, correlation,
+           CASE category {cases}
+                ELSE error('GPU event with unexpected category ' || coalesce(category, 'NULL')) END AS cls
+    FROM events e
+    WHERE run = $run AND kind IN {GPU_KINDS_SQL} AND dur_ns > 0 AND {rf}{_HTA_SCOPE if hta_scope else ""}
+)"""
+
+
+def _window_ctes(rf: str) -> str:
+    """``win(rank, step, cpu_start, cpu_end, gpu_end, w0, w1)``: the step windows.
+
+    TensorBoard plugin rule: ``w0 = max(cpu_start, previous w1)``,
+    ``w1 = max(cpu_end, end of the step's GPU work, w0)``. Unrolled, ``w1`` is the running
+    maximum of ``reach = max(cpu_end, gpu_end)`` over the rank's steps so far, and ``w0`` is
+    ``max(cpu_start, running max before this step)``: window functions, no recursion.
+    """
+    return f"""
+_cpu_steps AS (
+    SELECT rank, step, start_ns AS cpu_start, end_ns AS cpu_end
+    FROM steps WHERE run = $run AND {rf}
+),
+_gpu_step_end AS (
+    SELECT rank, step, max(t1) AS gpu_end FROM gpu WHERE step IS NOT NULL GROUP BY rank, step
+),
+_reach AS (
+    SELECT c.*, g.gpu_end, greatest(c.cpu_end, coalesce(g.gpu_end, c.cpu_end)) AS reach
+    FROM _cpu_steps c LEFT JOIN _gpu_step_end g USING (rank, step)
+),
+win AS MATERIALIZED (
+    SELECT rank, step, cpu_start, cpu_end, gpu_end,
+           greatest(cpu_start, coalesce(max(reach) OVER before, cpu_start)) AS w0,
+           max(reach) OVER upto AS w1
+    FROM _reach
+    WINDOW before AS (PARTITION BY rank ORDER BY cpu_start, step
+                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+           upto AS (PARTITION BY rank ORDER BY cpu_start, step ROWS UNBOUNDED PRECEDING)
+)"""
+
+
+def _exclusive(c: int) -> str:
+    """Filter: class ``c`` active and no class of higher priority active."""
+    return " AND ".join([*(f"n{i} = 0" for i in range(c)), f"n{c} > 0"])
+
+
+def _ns(expr: str, name: str) -> str:
+    return f"coalesce({expr}, 0)::BIGINT AS {name}"
+
+
+def _run(store: SQLStore, query: str, run: str, extra: dict[str, object]) -> pa.Table:
+    return store.sql(query, {"run": run, **extra})
+
+
+def rank_status(store: SQLStore, run: str) -> pa.Table:
+    """One row per rank of ``run``: ``rank, sources, steps, gpu_events`` (true counts).
+
+    The summary turns zero counts into absence reasons; the counts themselves are facts.
+    """
+    return _run(
+        store,
+        f"""
+        WITH r AS (SELECT rank, count(*) AS sources FROM sources WHERE run = $run GROUP BY rank),
+             s AS (SELECT rank, count(*) AS steps FROM steps WHERE run = $run GROUP BY rank),
+             g AS (SELECT rank, count(*) AS gpu_events FROM events
+                   WHERE run = $run AND kind IN {GPU_KINDS_SQL} AND dur_ns > 0 GROUP BY rank)
+        SELECT r.rank, r.sources, coalesce(s.steps, 0) AS steps, coalesce(g.gpu_events, 0) AS gpu_events
+        FROM r LEFT JOIN s USING (rank) LEFT JOIN g USING (rank) ORDER BY r.rank
+        """,
+        run,
+        {},
+    )
+
+
+def absence(status: pa.Table, rank: int, *, needs_steps: bool, needs_gpu: bool) -> str | None:
+    """Why a figure of ``rank`` cannot be computed from ``status`` (:func:`rank_status`), or None."""
+    ranks = status.column("rank").to_pylist()
+    if rank not in ranks:
+        return missing_rank(rank, ranks)
+    row = ranks.index(rank)
+    if needs_steps and status.column("steps")[row].as_py() == 0:
+        return NO_STEPS
+    if needs_gpu and status.column("gpu_events")[row].as_py() == 0:
+        return NO_GPU_EVENTS
+    return None
+
+
+def _absent_for(store: SQLStore, run: str, ranks: Sequence[int] | None, *, needs_gpu: bool) -> Absent:
+    """The most specific reason an empty result has (first requested rank that lacks data)."""
+    status = rank_status(store, run)
+    wanted = list(ranks) if ranks is not None else status.column("rank").to_pylist()
+    for rank in wanted:
+        reason = absence(status, rank, needs_steps=True, needs_gpu=needs_gpu)
+        if reason:
+            return Absent(reason if len(wanted) == 1 else f"rank {rank}: {reason}")
+    return Absent(f"run {run!r} has no traces")
+
+
+STEP_BREAKDOWN_COLUMNS: tuple[str, ...] = (
+    "compute_ns",
+    "comm_exposed_ns",
+    "memcpy_h2d_exposed_ns",
+    "memcpy_d2h_exposed_ns",
+    "memcpy_d2d_exposed_ns",
+    "memcpy_other_exposed_ns",
+    "memset_exposed_ns",
+    "idle_ns",
+)
+"""The disjoint parts of a step: they sum to ``dur_ns`` exactly."""
+
+
+def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
+    """GPU time of every step of every rank with GPU events, split into disjoint parts.
+
+    Columns: ``run, rank, step, start_ns, end_ns, dur_ns`` (the step window), ``cpu_start_ns,
+    cpu_dur_ns`` (the ProfilerStep CPU window), the parts in :data:`STEP_BREAKDOWN_COLUMNS`
+    (summing to ``dur_ns``), the hidden parts ``comm_overlapped_ns`` (communication under
+    compute) and ``memcpy_overlapped_ns`` (copies under compute or communication), and
+    ``idle_host_wait_ns, idle_kernel_wait_ns, idle_other_ns`` (summing to ``idle_ns``).
+    Ranks without GPU events or steps have no rows; :class:`Absent` when no rank has any.
+    """
+    rf, extra = rank_filter(ranks)
+    n = len(GPU_CLASSES)
+    copies = "(" + " + ".join(f"n{i}" for i in range(2, 6)) + ") > 0"
+    parts = [
+        _ns("sum(len) FILTER (n0 > 0)", "compute_ns"),
+        _ns(f"sum(len) FILTER ({_exclusive(1)})", "comm_exposed_ns"),
+        _ns(f"sum(len) FILTER ({_exclusive(2)})", "memcpy_h2d_exposed_ns"),
+        _ns(f"sum(len) FILTER ({_exclusive(3)})", "memcpy_d2h_exposed_ns"),
+        _ns(f"sum(len) FILTER ({_exclusive(4)})", "memcpy_d2d_exposed_ns"),
+        _ns(f"sum(len) FILTER ({_exclusive(5)})", "memcpy_other_exposed_ns"),
+        _ns(f"sum(len) FILTER ({_exclusive(6)})", "memset_exposed_ns"),
+        _ns("sum(len) FILTER (NOT busy)", "idle_ns"),
+        _ns("sum(len) FILTER (n0 > 0 AND n1 > 0)", "comm_overlapped_ns"),
+        _ns(f"sum(len) FILTER ((n0 > 0 OR n1 > 0) AND {copies})", "memcpy_overlapped_ns"),
+        _ns("sum(len) FILTER (idle_cause = 'host_wait')", "idle_host_wait_ns"),
+        _ns("sum(len) FILTER (idle_cause = 'kernel_wait')", "idle_kernel_wait_ns"),
+        _ns("sum(len) FILTER (idle_cause = 'other')", "idle_other_ns"),
+    ]
+    names = [p.rsplit(" AS ", 1)[1] for p in parts]
+    query = f"""
+    WITH {_gpu_cte(rf)},
+    {_window_ctes(rf)},
+    iv AS (SELECT rank, t0, t1, cls FROM gpu),
+    {sweep_ctes(n, gaps=True)},
+    _launch AS (
+        SELECT g.rank, g.t0, min(r.ts_ns) AS launch_ns
+        FROM gpu g JOIN events r
+          ON r.run = $run AND r.rank = g.rank AND r.source = g.source
+         AND r.correlation = g.correlation AND r.kind IN ('cuda_runtime', 'cuda_driver')
+        GROUP BY g.rank, g.t0
+    ),
+    _caused AS (
+        SELECT s.*,
+            CASE WHEN s.busy THEN NULL
+                 WHEN s.gap_start IS NULL OR s.gap_end IS NULL OR l.launch_ns > s.gap_start THEN 'host_wait'
+                 WHEN s.gap_end - s.gap_start < {KERNEL_WAIT_NS} THEN 'kernel_wait'
+                 ELSE 'other' END AS idle_cause
+        FROM seg s LEFT JOIN _launch l ON l.rank = s.rank AND l.t0 = s.gap_end
+    ),
+    _parts AS (SELECT rank, step, {", ".join(parts)} FROM _caused GROUP BY rank, step)
+    SELECT $run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns,
+           w.cpu_start AS cpu_start_ns, w.cpu_end - w.cpu_start AS cpu_dur_ns,
+           {", ".join(f"coalesce(p.{c}, 0)::BIGINT AS {c}" for c in names)}
+    FROM win w LEFT JOIN _parts p USING (rank, step)
+    WHERE w.rank IN (SELECT DISTINCT rank FROM gpu)
+    ORDER BY w.rank, w.step
+    """
+    table = _run(store, query, run, extra)
+    if table.num_rows == 0:
+        return _absent_for(store, run, ranks, needs_gpu=True)
+    return table
+
+
+def step_windows(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
+    """The step windows alone: ``run, rank, step, cpu_start_ns, cpu_end_ns, gpu_end_ns,
+    start_ns, end_ns, dur_ns`` (``gpu_end_ns`` null when the step launched no GPU work)."""
+    rf, extra = rank_filter(ranks)
+    query = f"""
+    WITH {_gpu_cte(rf)}, {_window_ctes(rf)}
+    SELECT $run AS run, rank, step, cpu_start AS cpu_start_ns, cpu_end AS cpu_end_ns,
+           gpu_end AS gpu_end_ns, w0 AS start_ns, w1 AS end_ns, w1 - w0 AS dur_ns
+    FROM win ORDER BY rank, step
+    """
+    return _run(store, query, run, extra)
+
+
+HOST_BREAKDOWN_COLUMNS: tuple[str, ...] = (
+    "data_loading_ns",
+    "optimizer_ns",
+    "compute_ops_ns",
+    "communication_ops_ns",
+    "other_ns",
+)
+"""The disjoint host-side parts of a step: they sum to ``dur_ns`` exactly."""
+
+
+def host_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
+    """Host (CPU) time of every step, split into disjoint parts over all the rank's threads.
+
+    Window: the ProfilerStep CPU window. Classes in priority order: ``data_loading``
+    (``enumerate(DataLoader)#...`` annotations, the TensorBoard plugin's rule), ``optimizer``
+    (``Optimizer.step#...``, ``Optimizer.zero_grad#...``), ``compute_ops`` (any other
+    ``cpu_op``), ``communication_ops`` (communication ops and annotations not under any of the
+    above: exposed host communication), ``other`` (none of these active on any thread).
+    Columns: ``run, rank, step, start_ns, end_ns, dur_ns``, :data:`HOST_BREAKDOWN_COLUMNS`,
+    ``communication_overlapped_ns`` (communication under compute ops).
+    """
+    rf, extra = rank_filter(ranks)
+    query = f"""
+    WITH win AS MATERIALIZED (
+        SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM steps WHERE run = $run AND {rf}
+    ),
+    iv AS (
+        SELECT rank, ts_ns AS t0, ts_ns + dur_ns AS t1,
+            CASE WHEN name LIKE 'enumerate(DataLoader)#%' THEN 0
+                 WHEN name LIKE 'Optimizer.step#%' OR name LIKE 'Optimizer.zero_grad#%' THEN 1
+                 WHEN category = 'communication' THEN 3
+                 WHEN kind = 'cpu_op' THEN 2 END AS cls
+        FROM events
+        WHERE run = $run AND {rf} AND dur_ns > 0
+          AND kind IN ('cpu_op', 'user_annotation', 'python_function')
+          AND (name LIKE 'enumerate(DataLoader)#%' OR name LIKE 'Optimizer.step#%'
+               OR name LIKE 'Optimizer.zero_grad#%' OR category = 'communication' OR kind = 'cpu_op')
+    ),
+    {sweep_ctes(len(HOST_CLASSES))},
+    _parts AS (
+        SELECT rank, step,
+            {_ns(f"sum(len) FILTER ({_exclusive(0)})", "data_loading_ns")},
+            {_ns(f"sum(len) FILTER ({_exclusive(1)})", "optimizer_ns")},
+            {_ns(f"sum(len) FILTER ({_exclusive(2)})", "compute_ops_ns")},
+            {_ns(f"sum(len) FILTER ({_exclusive(3)})", "communication_ops_ns")},
+            {_ns("sum(len) FILTER (NOT busy)", "other_ns")},
+            {_ns("sum(len) FILTER (n2 > 0 AND n3 > 0)", "communication_overlapped_ns")}
+        FROM seg GROUP BY rank, step
+    )
+    SELECT $run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns,
+        {", ".join(f"coalesce(p.{c}, 0)::BIGINT AS {c}" for c in (*HOST_BREAKDOWN_COLUMNS, "communication_overlapped_ns"))}
+    FROM win w LEFT JOIN _parts p USING (rank, step)
+    ORDER BY w.rank, w.step
+    """
+    table = _run(store, query, run, extra)
+    if table.num_rows == 0:
+        return _absent_for(store, run, ranks, needs_gpu=False)
+    return table
+
+
+def rank_totals(
+    store: SQLStore, run: str, ranks: Sequence[int] | None = None, *, hta_scope: bool = False
+) -> pa.Table:
+    """Whole-trace GPU totals per rank with HTA's temporal-breakdown definitions.
+
+    ``gpu_span_ns`` = end of the last GPU event - start of the first; ``gpu_busy_ns`` =
+    |U(all GPU events)|; ``gpu_idle_ns`` = span - busy; ``compute_ns`` = |U(compute)|;
+    ``non_compute_ns`` = span - compute - idle; ``comm_ns`` = |U(communication)|;
+    ``comm_comp_overlap_ns`` = |U(compute) ∩ U(communication)|; ``comm_comp_overlap_pct`` =
+    100 * overlap / comm. One row per rank of the run; GPU figures are null on ranks without
+    GPU events (``absent_reason`` says so), the overlap also on ranks without communication.
+
+    By default every GPU event of the trace counts. ``hta_scope=True`` counts only the events
+    HTA's loader keeps (work whose launch is recorded and began before the last step started,
+    when there are two steps or more), to compare with HTA number for number; see
+    docs/ANALYSIS.md for why that is not the default.
+    """
+    rf, extra = rank_filter(ranks)
+    query = f"""
+    WITH {_gpu_cte(rf, hta_scope=hta_scope)},
+    win AS (SELECT rank, 0 AS step, min(t0) AS w0, max(t1) AS w1 FROM gpu GROUP BY rank),
+    iv AS (SELECT rank, t0, t1, cls FROM gpu),
+    {sweep_ctes(len(GPU_CLASSES))},
+    _tot AS (
+        SELECT rank,
+            {_ns("sum(len) FILTER (busy)", "gpu_busy_ns")},
+            {_ns("sum(len) FILTER (n0 > 0)", "compute_ns")},
+            {_ns("sum(len) FILTER (n1 > 0)", "comm_ns")},
+            {_ns("sum(len) FILTER (n0 > 0 AND n1 > 0)", "comm_comp_overlap_ns")}
+        FROM seg GROUP BY rank
+    ),
+    _ranks AS (SELECT DISTINCT rank FROM sources WHERE run = $run AND {rf})
+    SELECT $run AS run, r.rank,
+        w.w1 - w.w0 AS gpu_span_ns,
+        t.gpu_busy_ns,
+        w.w1 - w.w0 - t.gpu_busy_ns AS gpu_idle_ns,
+        t.compute_ns,
+        t.gpu_busy_ns - t.compute_ns AS non_compute_ns,
+        t.comm_ns,
+        t.comm_comp_overlap_ns,
+        CASE WHEN t.comm_ns > 0 THEN 100.0 * t.comm_comp_overlap_ns / t.comm_ns END AS comm_comp_overlap_pct,
+        CASE WHEN w.rank IS NULL THEN $no_gpu END AS absent_reason,
+        CASE WHEN w.rank IS NULL THEN $no_gpu WHEN t.comm_ns = 0 THEN $no_comm END AS overlap_absent_reason
+    FROM _ranks r LEFT JOIN win w USING (rank) LEFT JOIN _tot t USING (rank)
+    ORDER BY r.rank
+    """
+    return _run(store, query, run, {**extra, "no_gpu": NO_GPU_EVENTS, "no_comm": NO_COMMUNICATION})
