@@ -1,0 +1,190 @@
+"""The collector in one process: both API forms, the pieces they are built of, and import cost."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tests.collector_support  # noqa: E402,F401  (puts examples/ on the path)
+import toy_transformer  # noqa: E402
+
+import stepscope  # noqa: E402
+from stepscope.collector.distributed import agree_run_name, default_run_name, rank_info  # noqa: E402
+from stepscope.collector.memory_snapshot import load_snapshot, snapshot_table  # noqa: E402
+from stepscope.collector.options import Recording, Schedule, profiler_kwargs  # noqa: E402
+from stepscope.collector.step_timer import StepTimer  # noqa: E402
+from stepscope.errors import TraceFormatError, UsageError  # noqa: E402
+from stepscope.store import open_store  # noqa: E402
+from tests.conftest import REPO, load_raw  # noqa: E402
+
+TINY = toy_transformer.ToyConfig(vocab=64, d_model=32, heads=2, layers=1, ff=64, seq=16, batch=2)
+
+
+def test_import_stepscope_does_not_import_torch() -> None:
+    code = ("import sys, stepscope, stepscope.collector, stepscope.collector.convert_job; "
+            "assert 'torch' not in sys.modules; "
+            "from stepscope.collector.session import profile; "
+            "assert stepscope.profile is profile and 'torch' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_trace_handler_on_a_profiler_the_user_owns(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    model, optimizer = toy_transformer.build(TINY)
+    data = torch.Generator().manual_seed(0)
+    handler = stepscope.trace_handler(store=tmp_path / "store", run="owned", model=model,
+                                      optimizer=optimizer, trace_dir=tmp_path / "traces",
+                                      strict=True)
+    with torch.profiler.profile(schedule=torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=2),
+                                record_shapes=True, profile_memory=True, on_trace_ready=handler) as prof:
+        for _ in range(9):
+            toy_transformer.train_step(model, optimizer, toy_transformer.synthetic_batch(TINY, data))
+            prof.step()
+    handler.close()
+    store = open_store(tmp_path / "store")
+    steps = store.sql("SELECT list(step ORDER BY step) AS s FROM steps").to_pylist()
+    assert steps == [{"s": [2, 3, 6, 7]}]  # two cycles of wait 1, warmup 1, active 2
+    files = sorted(p.name for p in (tmp_path / "traces").iterdir())
+    assert files == ["rank0.cycle1.pt.trace.json.gz", "rank0.pt.trace.json.gz"]
+    raw_steps = sorted(e["name"] for f in files for e in load_raw(tmp_path / "traces" / f)["traceEvents"]
+                       if e.get("name", "").startswith("ProfilerStep#"))
+    assert raw_steps == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#6", "ProfilerStep#7"]
+    roles = store.sql("SELECT role, count(*) AS n, count(step) AS with_step FROM memory_roles "
+                      "GROUP BY role ORDER BY role").to_pylist()
+    n = len(list(model.parameters()))
+    # A bare handler sees the end of each window only: one capture per trace, step unknown.
+    assert roles == [{"role": "gradient", "n": 2 * n, "with_step": 0},
+                     {"role": "optimizer_state", "n": 2 * 3 * n, "with_step": 0},
+                     {"role": "parameter", "n": 2 * n, "with_step": 0}]
+
+
+def test_profile_single_process(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    model, optimizer = toy_transformer.build(TINY)
+    data = torch.Generator().manual_seed(0)
+    with stepscope.profile(store=tmp_path, run="single", wait=2, warmup=1, active=1,
+                           model=model, optimizer=optimizer, strict=True) as prof:
+        for _ in range(6):
+            toy_transformer.train_step(model, optimizer, toy_transformer.synthetic_batch(TINY, data))
+            prof.step(samples=TINY.batch)
+    assert (prof.run, prof.rank) == ("single", 0)
+    store = open_store(tmp_path)
+    assert store.sql("SELECT ranks FROM runs").to_pylist() == [{"ranks": 1}]
+    timed = store.sql("SELECT step, profiled, samples, tokens FROM step_times ORDER BY step").to_pylist()
+    assert [(r["step"], r["profiled"]) for r in timed] == [(s, s == 3) for s in range(6)]
+    assert {(r["samples"], r["tokens"]) for r in timed} == {(TINY.batch, None)}
+    meta = json.loads(store.sql("SELECT metadata FROM sources").to_pylist()[0]["metadata"])
+    assert (meta["rank"], meta["world_size"], meta["backend"]) == (0, 1, None)
+    # No exported file is left behind in the store when no trace_dir was asked for.
+    assert not [p for p in tmp_path.rglob("*.json*")]
+
+
+def test_schedule_is_bounded() -> None:
+    with pytest.raises(UsageError, match="repeat"):
+        Schedule(repeat=0)
+    with pytest.raises(UsageError, match="active"):
+        Schedule(active=0)
+    assert Schedule(wait=5, warmup=2, active=3, repeat=2, skip_first=1).last_step == 20
+
+
+@pytest.mark.parametrize("with_stack", [False, True])
+def test_stacks_are_opt_in(tmp_path: Path, with_stack: bool) -> None:
+    kwargs = profiler_kwargs(Schedule(), Recording(with_stack=with_stack))
+    assert kwargs["record_shapes"] and kwargs["profile_memory"]
+    assert ("experimental_config" in kwargs) is with_stack
+    torch.set_num_threads(1)
+    model, optimizer = toy_transformer.build(TINY)
+    data = torch.Generator().manual_seed(0)
+    with stepscope.profile(store=tmp_path / "store", run="stacks", wait=0, warmup=1, active=1,
+                           with_stack=with_stack, trace_dir=tmp_path, convert="thread",
+                           strict=True) as prof:
+        for _ in range(2):
+            toy_transformer.train_step(model, optimizer, toy_transformer.synthetic_batch(TINY, data))
+            prof.step()
+    events = load_raw(tmp_path / "rank0.pt.trace.json.gz")["traceEvents"]
+    python_frames = sum(1 for e in events if e.get("cat") == "python_function")
+    assert (python_frames > 0) is with_stack
+
+
+def test_run_name_without_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert agree_run_name("mine") == "mine"
+    info = rank_info()
+    assert (info.rank, info.world_size) == (0, 1)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job42")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert default_run_name().endswith("-job42")
+    assert agree_run_name(None) == default_run_name()
+    info = rank_info()
+    assert (info.rank, info.world_size) == (3, 8)
+
+
+def test_step_timer_without_cuda() -> None:
+    timer = StepTimer(use_cuda=False)
+    timer.begin()
+    timer.end_step(0, profiled=False, tokens=10)
+    timer.end_step(1, profiled=True)
+    rows = timer.snapshot().table("s").to_pylist()
+    assert [(r["step"], r["profiled"], r["tokens"], r["samples"], r["gpu_ns"]) for r in rows] == [
+        (0, False, 10, None, None), (1, True, None, None, None)]
+    assert all(r["wall_ns"] >= 0 for r in rows)
+    assert rows[1]["start_ns"] >= rows[0]["start_ns"] + rows[0]["wall_ns"]
+
+
+class _Trap:
+    """Unpickling this with plain ``pickle`` calls ``_sprung``: what a hostile file would do."""
+
+    sprung = False
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return (_sprung, ())
+
+
+def _sprung() -> None:
+    _Trap.sprung = True
+
+
+def test_snapshot_unpickler_refuses_every_global(tmp_path: Path) -> None:
+    hostile = tmp_path / "hostile.pickle"
+    hostile.write_bytes(pickle.dumps({"segments": [_Trap()]}))
+    with pytest.raises(TraceFormatError, match="hostile.pickle: .*refused global"):
+        load_snapshot(hostile)
+    assert not _Trap.sprung
+    torch_global = tmp_path / "tensor.pickle"
+    buffer = io.BytesIO()
+    pickle.dump({"segments": [], "x": torch.zeros(1)}, buffer)
+    torch_global.write_bytes(buffer.getvalue())
+    with pytest.raises(TraceFormatError, match="refused global torch"):
+        load_snapshot(torch_global)
+
+
+def test_real_snapshot_to_table(shared_traces: Path) -> None:
+    """The MAGMA27 snapshot: counts from the dict, plus the allocator's own invariant that a
+    segment's blocks tile it exactly."""
+    snapshot = load_snapshot(shared_traces / "memsnap" / "magma27_cs336" / "memory_snapshot.pickle")
+    table = snapshot_table(snapshot, "abc").to_pylist()
+    segments = [r for r in table if r["record"] == "segment"]
+    blocks = [r for r in table if r["record"] == "block"]
+    traces = [r for r in table if r["record"] == "trace"]
+    assert len(segments) == len(snapshot["segments"]) == 216
+    assert len(blocks) == sum(len(s["blocks"]) for s in snapshot["segments"]) == 455
+    assert len(traces) == sum(len(t) for t in snapshot["device_traces"]) == 5163
+    for segment in segments:
+        inside = [b["bytes"] for b in blocks if b["segment_addr"] == segment["addr"]]
+        assert sum(inside) == segment["bytes"]
+    actions = {a: sum(1 for t in traces if t["action"] == a) for a in {t["action"] for t in traces}}
+    assert actions == {"alloc": 1721, "free_requested": 1721, "free_completed": 1721}
+    assert all(t["ts_ns"] % 1000 == 0 and t["ts_ns"] > 1.7e18 for t in traces)
+    assert json.loads(traces[0]["frames"])[0][2] == "forward"
+
