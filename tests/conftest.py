@@ -67,3 +67,18 @@ def ingested(tmp_path_factory: pytest.TempPathFactory, shared_traces: Path) -> C
         return cache[relative]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def hta_python() -> Path:
+    """An interpreter with HolisticTraceAnalysis 0.5.0, for cross-checks through tests/hta_runner.py.
+
+    ``$STEPSCOPE_HTA_PYTHON``, else ``../hta-venv``, else ``.hta-venv`` (``.ci/install_hta.sh``);
+    tests that need it skip when none is found.
+    """
+    from tests.hta_runner import find_hta_python
+
+    python = find_hta_python()
+    if python is None:
+        pytest.skip("no HTA interpreter: set STEPSCOPE_HTA_PYTHON or run .ci/install_hta.sh")
+    return python
