@@ -19,7 +19,7 @@ from torch import nn
 from stepscope.collector.distributed import agree_run_name, rank_info
 from stepscope.collector.export import finished_cycle, save_plain
 from stepscope.collector.faults import FaultPolicy
-from stepscope.collector.memory_roles import RoleRow, memory_roles, roles_table, unique_roles
+from stepscope.collector.memory_roles import RoleRecorder, RoleRow, roles_table
 from stepscope.collector.memory_snapshot import SnapshotRecorder, snapshot_table
 from stepscope.collector.metadata import run_metadata
 from stepscope.collector.sink import StoreSink
@@ -46,8 +46,6 @@ class TraceHandler:
         self.policy = FaultPolicy(strict)
         self.writer = BackgroundWriter(self.policy)
         self.flush_timeout_s = flush_timeout_s
-        self.model = model
-        self.optimizer = optimizer
         self._store = Path(store)
         self._run = run
         self._tags = dict(tags) if tags else None
@@ -55,7 +53,9 @@ class TraceHandler:
         self._convert = convert
         self.sink: StoreSink | None = None
         self._cycle = 0
-        self._roles: list[RoleRow] = []
+        self.roles = RoleRecorder(model, optimizer)
+        self.last_step: int | None = None
+        """The last recorded step, set by ``stepscope.profile``; None for a bare handler."""
         self._lock = threading.Lock()
         self._sources: list[str] = []
         self.snapshots = (SnapshotRecorder()
@@ -83,15 +83,15 @@ class TraceHandler:
                                   self._trace_dir, self._convert)
         return self.sink
 
-    def note_memory_roles(self, step: int | None = None) -> None:
-        """Record the current addresses of parameters, gradients and optimizer state.
+    def note_gradients(self, step: int) -> None:
+        """Record where the gradients are at the end of recorded step ``step``.
 
-        ``stepscope.profile`` calls it at the end of every recorded step (with the step), so that
-        gradients re-allocated each step (``zero_grad(set_to_none=True)``) are labelled in every
-        step of the trace, not only the last; a bare handler sees only the end of the window.
+        ``stepscope.profile`` calls it at every recorded step, so that gradients re-allocated
+        each step (``zero_grad(set_to_none=True)``) are labelled in every step of the trace, not
+        only the last; a bare handler sees only the end of the window.
         """
-        if self.model is not None or self.optimizer is not None:
-            self._roles.extend(memory_roles(self.model, self.optimizer, step))
+        self.last_step = step
+        self.roles.gradients(step)
 
     def start_memory_history(self) -> None:
         """Turn CUDA allocator history on ahead of a recorded window (no-op without CUDA)."""
@@ -111,9 +111,10 @@ class TraceHandler:
         results = finished_cycle(prof)
         cycle = self._cycle
         self._cycle += 1
-        if not self._roles:
-            self.note_memory_roles()
-        roles, self._roles = unique_roles(self._roles), []
+        roles: list[RoleRow] = []
+        if self.roles.enabled:
+            self.roles.everything(self.last_step)
+            roles = self.roles.take()
         snapshot = None
         if self.snapshots is not None and self.snapshots.recording:
             snapshot = self.snapshots.take()

@@ -1,10 +1,10 @@
 """Which storage belongs to parameters, gradients and optimizer state, by address.
 
 The profiler's ``[memory]`` events carry only an address and a size. Knowing the model and the
-optimizer, the collector records the address ranges of their tensors' storages at capture time;
-analysis then labels an allocation by the range that contains its address (parameters /
-gradients / optimizer state, the rest being activations and temporaries). This replaces the
-categories of the deprecated ``export_memory_timeline``.
+optimizer, the collector records the address and size of their tensors' storages; analysis then
+labels the allocation that created a storage (same address, same size, in the step it was seen)
+as parameters / gradients / optimizer state, the rest being activations and temporaries. This
+replaces the categories of the deprecated ``export_memory_timeline``.
 
 Storages, not tensors: a view shares its base's allocation (DDP's bucket views, flattened FSDP
 parameters), and the allocator reports allocations, so one row per distinct storage and role.
@@ -43,30 +43,66 @@ class RoleRow:
     step: int | None
 
 
+class RoleRecorder:
+    """Collects role rows over a recorded window, cheaply enough to run at every recorded step.
+
+    Gradients are re-allocated every step (``zero_grad(set_to_none=True)``), so they are recorded
+    at the end of every recorded step (~10 us for 30 parameters). Parameters and optimizer state
+    are walked once per trace (a few ms for a small model: too slow for every step, and their
+    storages do not move between steps of a plain training loop).
+    """
+
+    def __init__(self, model: nn.Module | None, optimizer: torch.optim.Optimizer | None) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self._params = _named_parameters(model, optimizer)
+        self._raw: list[tuple[str, str, int, int, torch.device, int | None]] = []
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._params)
+
+    def gradients(self, step: int | None) -> None:
+        """Record the gradients' storages as they are now, at the end of ``step``."""
+        for name, param in self._params:
+            grad = param.grad
+            if grad is not None:
+                self._record("gradient", name, grad, step)
+
+    def everything(self, step: int | None) -> None:
+        """Record parameters, gradients and optimizer state as they are now."""
+        self.gradients(step)
+        state = self.optimizer.state if self.optimizer is not None else {}
+        for name, param in self._params:
+            self._record("parameter", name, param, step)
+            for key, value in state.get(param, {}).items():
+                if isinstance(value, torch.Tensor):
+                    self._record("optimizer_state", f"{name}.{key}", value, step)
+
+    def take(self) -> list[RoleRow]:
+        """The rows recorded since the last ``take()``, one per (role, storage, step)."""
+        rows = [RoleRow(role, name, addr, nbytes, DEVICE_TYPES.get(device.type),
+                        device.index if device.type != "cpu" else None, step)
+                for role, name, addr, nbytes, device, step in self._raw if addr and nbytes]
+        self._raw = []
+        return unique_roles(rows)
+
+    def _record(self, role: str, name: str, tensor: torch.Tensor, step: int | None) -> None:
+        """Keep a bare tuple (no tensor reference: a kept gradient would change the memory
+        being measured); rows are built in ``take()``. Sparse and meta tensors have no single
+        storage and are skipped."""
+        if tensor.layout is not torch.strided or tensor.is_meta:
+            return
+        storage = tensor.untyped_storage()
+        self._raw.append((role, name, storage.data_ptr(), storage.nbytes(), tensor.device, step))
+
+
 def memory_roles(model: nn.Module | None, optimizer: torch.optim.Optimizer | None,
                  step: int | None = None) -> list[RoleRow]:
-    """The storages of the model's parameters and gradients and of the optimizer's state now,
-    at the end of ``step``."""
-    rows: list[RoleRow] = []
-    names: dict[int, str] = {}
-    if model is not None:
-        for name, param in model.named_parameters():
-            names[id(param)] = name
-            rows.extend(_storage_row("parameter", name, param, step))
-            if param.grad is not None:
-                rows.extend(_storage_row("gradient", name, param.grad, step))
-    if optimizer is not None:
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                name = names.get(id(param), f"param@{id(param):x}")
-                if model is None:
-                    rows.extend(_storage_row("parameter", name, param, step))
-                    if param.grad is not None:
-                        rows.extend(_storage_row("gradient", name, param.grad, step))
-                for key, value in optimizer.state.get(param, {}).items():
-                    if isinstance(value, torch.Tensor):
-                        rows.extend(_storage_row("optimizer_state", f"{name}.{key}", value, step))
-    return unique_roles(rows)
+    """The storages of parameters, gradients and optimizer state now, at the end of ``step``."""
+    recorder = RoleRecorder(model, optimizer)
+    recorder.everything(step)
+    return recorder.take()
 
 
 def roles_table(rows: list[RoleRow], source: str) -> pa.Table:
@@ -85,15 +121,18 @@ def roles_table(rows: list[RoleRow], source: str) -> pa.Table:
     ).cast(MEMORY_ROLES)
 
 
-def _storage_row(role: str, name: str, tensor: torch.Tensor, step: int | None) -> list[RoleRow]:
-    if tensor.is_sparse or tensor.device.type == "meta":
-        return []
-    storage = tensor.untyped_storage()
-    addr, nbytes = storage.data_ptr(), storage.nbytes()
-    if addr == 0 or nbytes == 0:
-        return []
-    return [RoleRow(role, name, addr, nbytes, DEVICE_TYPES.get(tensor.device.type),
-                    tensor.device.index if tensor.device.type != "cpu" else None, step)]
+def _named_parameters(model: nn.Module | None,
+                      optimizer: torch.optim.Optimizer | None) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter of the model and of the optimizer's groups, once, with a name."""
+    named: dict[int, tuple[str, torch.Tensor]] = {}
+    if model is not None:
+        for name, param in model.named_parameters():
+            named.setdefault(id(param), (name, param))
+    if optimizer is not None:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                named.setdefault(id(param), (f"param@{id(param):x}", param))
+    return list(named.values())
 
 
 def unique_roles(rows: list[RoleRow]) -> list[RoleRow]:

@@ -64,7 +64,6 @@ class Profile:
         """The step now running, numbered like ``ProfilerStep#N`` (from 0)."""
         self._actions = self.schedule.torch_schedule()
         self._torch: torch.profiler.profile | None = None
-        self._remember_roles = model is not None or optimizer is not None
 
     @property
     def policy(self):  # noqa: ANN201 - FaultPolicy, re-exported for callers that check ``dropped``
@@ -100,8 +99,8 @@ class Profile:
         if self._torch is None:
             return
         try:
-            if self._remember_roles and action in RECORDING:
-                self.handler.note_memory_roles(step)
+            if action in RECORDING and self.handler.roles.enabled:
+                self.handler.note_gradients(step)
             if self._actions(step + 1) in WARMING | RECORDING and action not in WARMING | RECORDING:
                 self.handler.start_memory_history()
             self._torch.step()
