@@ -1,0 +1,473 @@
+"""Communication: what each collective costs, how much of it compute hides, and who arrives last.
+
+Every figure is computed in DuckDB SQL over the store's ``events`` view (one query per frame).
+Definitions (docs/ANALYSIS.md, "Communication"):
+
+- A collective is one communication *kernel* (``kind = 'kernel' AND category = 'communication'``):
+  its duration on a rank includes the time it waited for the other ranks to arrive.
+- ``bytes`` is the nccl-tests message size S that the store derives (``max(in, out) x element
+  size``). ``algbw_gbps = bytes / dur_ns`` (bytes per ns is GB/s with GB = 1e9) and
+  ``busbw_gbps = algbw_gbps x factor`` with nccl-tests' factors for ``n = group_size``:
+  all_reduce ``2(n-1)/n``; reduce_scatter, all_gather, all_to_all ``(n-1)/n``; broadcast,
+  reduce, send, recv, send_recv ``1``. Without a size, a group size or a factor the bandwidth is
+  null and ``absent_reason`` says which.
+- ``hidden_ns`` is the part of a kernel that overlaps the union of compute kernels on the same
+  rank (HTA/TraceLens: compute hides communication); ``exposed_ns = dur_ns - hidden_ns``. Sums
+  over kernels count two collectives running at once on different streams twice; the step
+  breakdown's exposed-communication figure is the union and never does.
+- Across ranks, one collective *instance* is matched by process group and by the group's sequence
+  number when recorded, else by (step, order within the group in that step) on every rank. Its
+  transfer time is the shortest duration among the ranks, ``start_skew_ns`` the latest start
+  minus the earliest, and the rank that started last is the instance's last arrival (none when
+  two ranks tie). Timestamps of different hosts are compared as recorded: clocks must be in sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stepscope.analysis.absent import NO_COMMUNICATION, Absent, Maybe
+from stepscope.analysis.findings import Finding, Results, Severity, rule
+from stepscope.analysis._sql import rank_filter
+from stepscope.analysis.overlap import hidden_ctes
+from stepscope.analysis.phase import gpu_phase_ctes
+from stepscope.analysis.sections import SQLStore, section
+
+SIZE_BUCKETS: tuple[tuple[int, str], ...] = (
+    (0, "<64KiB"),
+    (64 * 1024, "64KiB-1MiB"),
+    (1024**2, "1MiB-16MiB"),
+    (16 * 1024**2, "16MiB-256MiB"),
+    (256 * 1024**2, ">=256MiB"),
+)
+"""Message-size buckets (lower bound in bytes, label): factors of 16, latency- to bandwidth-bound."""
+
+BUSBW_FACTOR_SQL = """
+CASE
+  WHEN collective = 'all_reduce' THEN 2.0 * (group_size - 1) / group_size
+  WHEN collective IN ('reduce_scatter', 'all_gather', 'all_to_all') THEN (group_size - 1) * 1.0 / group_size
+  WHEN collective IN ('broadcast', 'reduce', 'send', 'recv', 'send_recv') THEN 1.0
+END
+"""
+"""nccl-tests doc/PERFORMANCE.md bus-bandwidth factors; null where nccl-tests defines none."""
+
+_BUCKET_SQL = (
+    "CASE WHEN bytes IS NULL THEN NULL "
+    + " ".join(f"WHEN bytes >= {lo} THEN '{label}'" for lo, label in reversed(SIZE_BUCKETS))
+    + " END"
+)
+_BUCKET_MIN_SQL = (
+    "CASE WHEN bytes IS NULL THEN NULL "
+    + " ".join(f"WHEN bytes >= {lo} THEN {lo}" for lo, _ in reversed(SIZE_BUCKETS))
+    + " END"
+)
+
+_PG_CONFIG_TYPE = '[{"pg_name":"VARCHAR","pg_desc":"VARCHAR","pg_size":"BIGINT","ranks":"BIGINT[]"}]'
+
+
+def _params(run: str, ranks: Sequence[int] | None, column: str = "e.rank") -> tuple[str, dict[str, object]]:
+    """The rank predicate on ``column`` and the parameters ``$run`` (and ``$ranks``) it needs."""
+    predicate, params = rank_filter(ranks, column)
+    return predicate, {"run": run, **params}
+
+
+def _kernels_ctes(ranks_sql: str) -> str:
+    """CTEs ``comm`` (one row per communication kernel, process group filled from
+    ``distributedInfo.pg_config`` when the kernel's args lack it), ``hidden`` and ``ph``."""
+    return f"""
+pg_config AS (
+  SELECT source, u.pg.pg_name AS pg_name, u.pg.pg_desc AS pg_desc, u.pg.pg_size AS pg_size,
+         '[' || array_to_string(u.pg.ranks, ', ') || ']' AS pg_ranks
+  FROM (SELECT source, unnest(from_json(json_extract(distributed_info, '$.pg_config'),
+                                        '{_PG_CONFIG_TYPE}')) AS pg
+        FROM sources WHERE run = $run) u
+),
+comm AS MATERIALIZED (
+  SELECT row_number() OVER (ORDER BY e.rank, e.source, e.ts_ns, e.stream, e.correlation) AS point_id,
+         e.run, e.rank, e.source, e.step, e.name, e.ts_ns, e.dur_ns, e.ts_ns + e.dur_ns AS end_ns,
+         e.stream, e.correlation, e.collective::VARCHAR AS collective, e.bytes,
+         e.dtype::VARCHAR AS dtype, coalesce(e.group_size, pg.pg_size) AS group_size,
+         e.pg_name::VARCHAR AS pg_name, coalesce(e.pg_desc::VARCHAR, pg.pg_desc) AS pg_desc,
+         coalesce(e.pg_ranks::VARCHAR, pg.pg_ranks) AS pg_ranks, e.comm_seq
+  FROM events e
+  LEFT JOIN pg_config pg ON pg.source = e.source AND pg.pg_name = e.pg_name::VARCHAR
+  WHERE e.run = $run AND e.kind = 'kernel' AND e.category = 'communication'
+    AND e.dur_ns IS NOT NULL AND {ranks_sql}
+),
+comm_iv AS (SELECT point_id, run, rank, ts_ns AS t0, end_ns AS t1 FROM comm),
+{hidden_ctes('comm_iv', 'hidden')},
+{gpu_phase_ctes('comm', 'ph')},
+kernels AS (
+  SELECT c.*, ph.phase, coalesce(h.hidden_ns, 0) AS hidden_ns,
+         c.dur_ns - coalesce(h.hidden_ns, 0) AS exposed_ns,
+         {BUSBW_FACTOR_SQL} AS busbw_factor
+  FROM comm c
+  LEFT JOIN hidden h USING (point_id)
+  LEFT JOIN ph USING (point_id)
+)"""
+
+
+_ABSENT_BW_SQL = """
+CASE
+  WHEN bytes IS NULL THEN 'no message size recorded for this kernel (no collective args)'
+  WHEN dur_ns = 0 THEN 'zero-duration kernel'
+  WHEN busbw_factor IS NULL AND group_size IS NULL AND collective IN
+       ('all_reduce', 'reduce_scatter', 'all_gather', 'all_to_all')
+    THEN 'no process-group size recorded: busbw needs it'
+  WHEN busbw_factor IS NULL THEN 'nccl-tests defines no bus-bandwidth factor for ' || coalesce(collective, 'an unknown collective')
+END
+"""
+
+
+def collective_kernels(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
+    """One row per communication kernel: size, time, hidden/exposed time, phase, algbw/busbw."""
+    ranks_sql, params = _params(run, ranks)
+    query = f"""
+WITH {_kernels_ctes(ranks_sql)}
+SELECT run, rank, step, phase, collective, pg_name, pg_desc, pg_ranks, group_size, comm_seq,
+       ts_ns, dur_ns, hidden_ns, exposed_ns, bytes, dtype, stream, name,
+       bytes / nullif(dur_ns, 0) AS algbw_gbps,
+       bytes * busbw_factor / nullif(dur_ns, 0) AS busbw_gbps,
+       {_ABSENT_BW_SQL} AS absent_reason
+FROM kernels
+ORDER BY rank, ts_ns
+"""
+    return store.sql(query, params)
+
+
+def collective_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
+    """Per rank, collective and message-size bucket: count, bytes, time, exposed time, bandwidth.
+
+    ``algbw_gbps``/``busbw_gbps`` are time-weighted (total bytes over total time) over the
+    kernels with a known size; ``sized_count`` says how many those are. Kernels with no recorded
+    size fall in bucket null.
+    """
+    ranks_sql, params = _params(run, ranks)
+    query = f"""
+WITH {_kernels_ctes(ranks_sql)}
+SELECT run, rank, collective, {_BUCKET_SQL} AS size_bucket, {_BUCKET_MIN_SQL} AS size_bucket_min_bytes,
+       count(*) AS count, count(bytes) AS sized_count, sum(bytes)::BIGINT AS bytes,
+       sum(dur_ns)::BIGINT AS dur_ns, sum(hidden_ns)::BIGINT AS hidden_ns, sum(exposed_ns)::BIGINT AS exposed_ns,
+       sum(bytes) FILTER (WHERE dur_ns > 0) / nullif(sum(dur_ns) FILTER (WHERE bytes IS NOT NULL), 0) AS algbw_gbps,
+       sum(bytes * busbw_factor) / nullif(sum(dur_ns) FILTER (WHERE bytes * busbw_factor IS NOT NULL), 0) AS busbw_gbps,
+       CASE WHEN count(bytes) = 0 THEN 'no message size recorded (kernels carry no collective args)'
+            WHEN count(bytes * busbw_factor) = 0 THEN 'no bus-bandwidth factor (group size or collective unknown)'
+       END AS absent_reason
+FROM kernels
+GROUP BY ALL
+ORDER BY rank, collective, size_bucket_min_bytes NULLS FIRST
+"""
+    return store.sql(query, params)
+
+
+def group_phase_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
+    """Per rank, process group and phase: how much communication, and how much of it is hidden.
+
+    ``exposed_pct_of_steps`` relates the exposed time to the rank's total ``ProfilerStep`` time
+    (null, with a reason, when the trace has no steps).
+    """
+    ranks_sql, params = _params(run, ranks)
+    query = f"""
+WITH {_kernels_ctes(ranks_sql)},
+step_total AS (
+  SELECT run, rank, sum(dur_ns)::BIGINT AS steps_ns FROM steps
+  WHERE run = $run AND {ranks_sql.replace('e.rank', 'rank')} GROUP BY ALL
+)
+SELECT k.run, k.rank, k.pg_name, k.pg_desc, k.pg_ranks, k.group_size, k.phase,
+       string_agg(DISTINCT k.collective, ', ' ORDER BY k.collective) AS collectives, count(*) AS count, sum(k.bytes)::BIGINT AS bytes, sum(k.dur_ns)::BIGINT AS dur_ns,
+       sum(k.hidden_ns)::BIGINT AS hidden_ns, sum(k.exposed_ns)::BIGINT AS exposed_ns,
+       100.0 * sum(k.hidden_ns) / nullif(sum(k.dur_ns), 0) AS hidden_pct,
+       100.0 * sum(k.exposed_ns) / any_value(s.steps_ns) AS exposed_pct_of_steps,
+       CASE WHEN any_value(s.steps_ns) IS NULL THEN 'no ProfilerStep#N annotations in this rank''s trace' END
+         AS absent_reason
+FROM kernels k LEFT JOIN step_total s ON s.run = k.run AND s.rank = k.rank
+GROUP BY ALL
+ORDER BY k.rank, exposed_ns DESC
+"""
+    return store.sql(query, params)
+
+
+def _instances_ctes(ranks_sql: str) -> str:
+    """CTEs up to ``inst``: one row per collective instance matched across ranks."""
+    return f"""
+{_kernels_ctes(ranks_sql)},
+keyed AS (
+  SELECT *,
+         CASE WHEN comm_seq IS NOT NULL THEN 'comm_seq' ELSE 'step_order' END AS matched_by,
+         CASE WHEN comm_seq IS NULL THEN step END AS match_step,
+         coalesce(comm_seq, row_number() OVER (PARTITION BY rank, pg_name, step ORDER BY ts_ns, stream))
+           AS match_seq
+  FROM kernels
+),
+keyed_max AS (
+  SELECT *, max(ts_ns) OVER (PARTITION BY pg_name, matched_by, match_step, match_seq) AS inst_last_ts
+  FROM keyed
+),
+inst AS (
+  SELECT any_value(run) AS run, pg_name, any_value(pg_desc) AS pg_desc, matched_by, match_step,
+         match_seq, min(step) AS step, mode(collective) AS collective,
+         count(DISTINCT collective) > 1 AS collective_mismatch,
+         count(DISTINCT rank) AS ranks, count(*) AS kernels,
+         max(bytes) AS bytes, any_value(busbw_factor) AS busbw_factor,
+         min(ts_ns) AS first_start_ns, max(ts_ns) AS last_start_ns,
+         min(dur_ns) AS min_dur_ns, max(dur_ns) AS max_dur_ns,
+         arg_min(rank, ts_ns) AS first_rank_any,
+         CASE WHEN count(*) FILTER (WHERE ts_ns = inst_last_ts) = 1 THEN arg_max(rank, ts_ns) END
+           AS last_rank_any
+  FROM keyed_max
+  GROUP BY pg_name, matched_by, match_step, match_seq
+)"""
+
+
+_MULTI = "ranks >= 2 AND ranks = kernels"
+"""An instance seen once on each of at least two ranks: the only kind skew is defined for."""
+
+
+def collective_instances(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
+    """One row per collective instance matched across ranks: skew, spread, last arrival.
+
+    Skew, spread, first/last rank and ``busbw_gbps`` (from the shortest duration, the best
+    estimate of the transfer itself) are null when the instance was seen on fewer than two
+    ranks or more than once on a rank (the matching is then ambiguous); ``absent_reason`` says so.
+    ``last_rank`` is null when two ranks started at the same nanosecond.
+    """
+    ranks_sql, params = _params(run, ranks)
+    query = f"""
+WITH {_instances_ctes(ranks_sql)}
+SELECT run, step, pg_name, pg_desc, matched_by, match_seq, collective, collective_mismatch,
+       ranks, bytes,
+       CASE WHEN {_MULTI} THEN last_start_ns - first_start_ns END AS start_skew_ns,
+       CASE WHEN {_MULTI} THEN min_dur_ns END AS min_dur_ns,
+       CASE WHEN {_MULTI} THEN max_dur_ns END AS max_dur_ns,
+       CASE WHEN {_MULTI} THEN max_dur_ns - min_dur_ns END AS dur_spread_ns,
+       CASE WHEN {_MULTI} THEN first_rank_any END AS first_rank,
+       CASE WHEN {_MULTI} THEN last_rank_any END AS last_rank,
+       CASE WHEN {_MULTI} THEN bytes / nullif(min_dur_ns, 0) END AS algbw_gbps,
+       CASE WHEN {_MULTI} THEN bytes * busbw_factor / nullif(min_dur_ns, 0) END AS busbw_gbps,
+       CASE WHEN ranks < 2 THEN 'seen on one rank only'
+            WHEN ranks <> kernels THEN 'matched more than once on a rank: ambiguous'
+       END AS absent_reason
+FROM inst
+ORDER BY first_start_ns
+"""
+    return store.sql(query, params)
+
+
+def rank_arrivals(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
+    """Per rank: how often it arrives last at a collective, overall and step by step.
+
+    ``last_pct`` is the share of the rank's matched instances (seen on two ranks or more) at
+    which it started last. ``steps_last_most`` counts the steps in which this rank was the
+    last arrival more often than any other rank (ties count for nobody), out of
+    ``steps_with_instances``: a straggler that recurs step after step is a slow rank, one that
+    does not is noise.
+    """
+    ranks_sql, params = _params(run, ranks)
+    query = f"""
+WITH {_instances_ctes(ranks_sql)},
+multi AS (SELECT * FROM inst WHERE {_MULTI}),
+seen AS (
+  SELECT k.rank, count(*) AS instances, count(*) FILTER (WHERE m.last_rank_any = k.rank) AS last_count,
+         sum(k.ts_ns - m.first_start_ns)::BIGINT AS late_ns
+  FROM keyed k JOIN multi m USING (pg_name, matched_by, match_step, match_seq)
+  GROUP BY k.rank
+),
+per_step AS (
+  SELECT step, last_rank_any AS rank, count(*) AS n FROM multi
+  WHERE last_rank_any IS NOT NULL GROUP BY ALL
+),
+step_top AS (
+  SELECT step, CASE WHEN count(*) FILTER (WHERE n = max_n) = 1 THEN arg_max(rank, n) END AS top_rank
+  FROM (SELECT *, max(n) OVER (PARTITION BY step) AS max_n FROM per_step)
+  GROUP BY step
+)
+SELECT $run AS run, s.rank, s.instances, s.last_count,
+       100.0 * s.last_count / s.instances AS last_pct,
+       s.late_ns / s.instances AS mean_late_ns,
+       (SELECT count(*) FROM step_top t WHERE t.top_rank = s.rank) AS steps_last_most,
+       (SELECT count(DISTINCT step) FROM multi) AS steps_with_instances
+FROM seen s
+ORDER BY s.rank
+"""
+    return store.sql(query, params)
+
+
+def skew_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
+    """Per process group and collective, over instances seen once on each of two ranks or more:
+    how many, mean and max start skew, mean duration spread, and median bus bandwidth of the
+    transfer (from each instance's shortest duration)."""
+    ranks_sql, params = _params(run, ranks)
+    query = f"""
+WITH {_instances_ctes(ranks_sql)}
+SELECT any_value(run) AS run, pg_name, any_value(pg_desc) AS pg_desc, collective,
+       count(*) AS instances, max(ranks) AS ranks,
+       avg(last_start_ns - first_start_ns) AS mean_start_skew_ns,
+       max(last_start_ns - first_start_ns) AS max_start_skew_ns,
+       avg(max_dur_ns - min_dur_ns) AS mean_dur_spread_ns,
+       median(bytes * busbw_factor / nullif(min_dur_ns, 0)) AS median_busbw_gbps
+FROM inst WHERE {_MULTI}
+GROUP BY pg_name, collective
+ORDER BY pg_name, collective
+"""
+    return store.sql(query, params)
+
+
+def rank_compute(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
+    """Per rank: mean compute time per step (|U(compute kernels)| of the step breakdown) and
+    its excess over the median rank, in percent.
+
+    A compute straggler inside DDP's backward hides from per-rank step times, because every
+    rank waits in the same all-reduce; its compute time still shows it.
+    """
+    from stepscope.analysis.breakdown import step_breakdown
+
+    steps = step_breakdown(store, run, ranks)
+    if isinstance(steps, Absent):
+        return steps
+    # A few rows per rank (one per step): grouped with Arrow, not another trip through the store.
+    per_rank = steps.group_by("rank").aggregate(
+        [("step", "count"), ("compute_ns", "mean"), ("dur_ns", "mean")]
+    ).sort_by("rank")
+    mean_compute = per_rank.column("compute_ns_mean")
+    median = pc.quantile(mean_compute, q=0.5)[0].as_py() if len(per_rank) else None
+    excess = pc.multiply(pc.subtract(pc.divide(mean_compute, median), 1.0), 100.0) if median else None
+    return pa.table({
+        "run": pa.array([run] * len(per_rank), pa.string()),
+        "rank": per_rank.column("rank"),
+        "steps": per_rank.column("step_count"),
+        "mean_compute_ns": mean_compute,
+        "mean_step_ns": per_rank.column("dur_ns_mean"),
+        "compute_vs_median_pct": excess if excess is not None else pa.nulls(len(per_rank), pa.float64()),
+    })
+
+
+@dataclass(frozen=True)
+class CommResult:
+    """The ``comm`` section: per-rank tables, and cross-rank ones when the run has two ranks or more."""
+
+    by_collective: pa.Table
+    by_group_phase: pa.Table
+    skew: Maybe[pa.Table]
+    arrivals: Maybe[pa.Table]
+    compute: Maybe[pa.Table]
+    ranks: int
+
+
+_ONE_RANK = "one rank in this run: cross-rank skew and stragglers need two or more"
+
+
+def _has_communication(store: SQLStore, run: str, ranks: Sequence[int] | None) -> tuple[bool, int]:
+    ranks_sql, params = _params(run, ranks, "rank")
+    row = store.sql(
+        f"""SELECT count(*) FILTER (WHERE kind = 'kernel' AND category = 'communication') AS n,
+                   count(DISTINCT rank) AS ranks
+            FROM events WHERE run = $run AND {ranks_sql}""",
+        params,
+    ).to_pylist()[0]
+    return row["n"] > 0, row["ranks"]
+
+
+@section("comm", order=40, to_json=lambda r: {
+    "by_collective": r.by_collective.to_pylist(),
+    "by_group_phase": r.by_group_phase.to_pylist(),
+    "skew": r.skew if isinstance(r.skew, Absent) else r.skew.to_pylist(),
+    "arrivals": r.arrivals if isinstance(r.arrivals, Absent) else r.arrivals.to_pylist(),
+    "compute": r.compute if isinstance(r.compute, Absent) else r.compute.to_pylist(),
+})
+def comm_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe[CommResult]:
+    """Communication per collective and size bucket, per process group and phase (exposed vs
+    hidden under compute), and across ranks: start skew, last arrivals, compute per rank."""
+    has_comm, n_ranks = _has_communication(store, run, ranks)
+    if not has_comm:
+        return Absent(NO_COMMUNICATION)
+    multi = n_ranks >= 2
+    return CommResult(
+        by_collective=collective_summary(store, run, ranks),
+        by_group_phase=group_phase_summary(store, run, ranks),
+        skew=skew_summary(store, run, ranks) if multi else Absent(_ONE_RANK),
+        arrivals=rank_arrivals(store, run, ranks) if multi else Absent(_ONE_RANK),
+        compute=rank_compute(store, run, ranks) if multi else Absent(_ONE_RANK),
+        ranks=n_ranks,
+    )
+
+
+EXPOSED_PCT_WARN = 10.0
+"""Exposed communication of one process group and phase above this share of step time warns."""
+
+STRAGGLER_MIN_INSTANCES = 10
+"""Fewer matched collectives than this say nothing about who is late."""
+
+COMPUTE_STRAGGLER_PCT = 10.0
+"""A rank computing this much longer per step than the median rank is a compute straggler."""
+
+
+@rule("comm.exposed", needs=("comm",))
+def exposed_rule(results: Results) -> Iterator[Finding]:
+    """A process group's communication in one phase is exposed (not under compute) for at least
+    10% of the rank's step time: overlap with compute is poor there."""
+    result = results["comm"]
+    assert isinstance(result, CommResult)
+    for row in result.by_group_phase.to_pylist():
+        pct = row["exposed_pct_of_steps"]
+        if pct is None or pct < EXPOSED_PCT_WARN:
+            continue
+        group = row["pg_desc"] or row["pg_name"] or "unknown"
+        yield Finding(
+            Severity.WARNING,
+            "comm.exposed",
+            f"{row['collectives']} in {row['phase'] or 'unknown phase'} exposed {pct:.0f}% of step time on "
+            f"rank {row['rank']} (process group {group}; {row['hidden_pct']:.0f}% hidden under compute): "
+            f"overlap with {row['phase'] or 'compute'} is poor",
+            {"rank": row["rank"], "pg_name": row["pg_name"], "pg_desc": row["pg_desc"], "phase": row["phase"],
+             "exposed_ns": row["exposed_ns"], "hidden_pct": row["hidden_pct"], "exposed_pct_of_steps": pct},
+        )
+
+
+@rule("comm.straggler", needs=("comm",))
+def straggler_rule(results: Results) -> Iterator[Finding]:
+    """One rank starts last at most collectives: far above chance (1/ranks), halfway to always.
+    Needs at least 10 collectives matched across ranks."""
+    result = results["comm"]
+    assert isinstance(result, CommResult)
+    if isinstance(result.arrivals, Absent):
+        return
+    chance = 1.0 / result.ranks
+    threshold = 100.0 * (chance + (1.0 - chance) / 2)
+    for row in result.arrivals.to_pylist():
+        if row["instances"] < STRAGGLER_MIN_INSTANCES or row["last_pct"] < threshold:
+            continue
+        yield Finding(
+            Severity.WARNING,
+            "comm.straggler",
+            f"rank {row['rank']} arrives last at {row['last_pct']:.0f}% of {row['instances']} collectives "
+            f"(last most often in {row['steps_last_most']} of {row['steps_with_instances']} steps): "
+            "straggler suspect",
+            {"rank": row["rank"], "last_pct": row["last_pct"], "instances": row["instances"],
+             "steps_last_most": row["steps_last_most"], "steps_with_instances": row["steps_with_instances"],
+             "threshold_pct": threshold},
+        )
+
+
+@rule("comm.compute_straggler", needs=("comm",))
+def compute_straggler_rule(results: Results) -> Iterator[Finding]:
+    """A rank computes at least 10% longer per step than the median rank: the collectives make
+    every rank wait for it, so step times alone hide it."""
+    result = results["comm"]
+    assert isinstance(result, CommResult)
+    if isinstance(result.compute, Absent):
+        return
+    for row in result.compute.to_pylist():
+        pct = row["compute_vs_median_pct"]
+        if pct is None or pct < COMPUTE_STRAGGLER_PCT:
+            continue
+        yield Finding(
+            Severity.WARNING,
+            "comm.compute_straggler",
+            f"rank {row['rank']} computes {pct:.0f}% longer per step than the median rank "
+            f"({row['mean_compute_ns'] / 1e6:.1f} ms): compute straggler",
+            {"rank": row["rank"], "compute_vs_median_pct": pct, "mean_compute_ns": row["mean_compute_ns"]},
+        )

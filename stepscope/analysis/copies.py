@@ -1,0 +1,190 @@
+"""Host<->device copies (offload traffic): bytes, time, achieved bandwidth, and what compute hides.
+
+Definitions (docs/ANALYSIS.md, "Copies"):
+
+- A copy is a ``memcpy`` GPU event; its direction is the store's category (``memcpy_h2d``,
+  ``memcpy_d2h``, ``memcpy_d2d``, ``memcpy_other``) and its host memory comes from the name
+  Kineto gives it: ``Memcpy HtoD (Pageable -> Device)`` is pageable, ``(Pinned -> Device)``
+  pinned. Device-to-device copies have no host memory (null).
+- ``bandwidth_gbps = bytes / dur_ns`` (bytes per ns is GB/s, GB = 1e9); null for zero-length
+  copies (Kineto rounds old traces to whole microseconds).
+- The link peak is per direction and comes from the GPU's name (``deviceProperties`` records no
+  PCIe generation): :data:`LINK_PEAKS`. An unknown GPU, or a device-to-device copy, has no peak
+  (null, with the reason in ``absent_reason``): it is never guessed.
+- ``hidden_ns`` is the part of a copy under the rank's compute-kernel union
+  (:mod:`stepscope.analysis.overlap`), ``exposed_ns = dur_ns - hidden_ns``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from stepscope.analysis._sql import rank_filter
+from stepscope.analysis.absent import Absent, Maybe
+from stepscope.analysis.findings import Finding, Results, Severity, rule
+from stepscope.analysis.overlap import hidden_ctes
+from stepscope.analysis.sections import SQLStore, section
+
+LINK_PEAKS: tuple[tuple[str, str, float], ...] = (
+    (r"GH200|GB200|GB300|Grace", "NVLink-C2C", 450.0),
+    (r"H100|H200|H800|H20\b|B200|B100|MI300|MI325", "PCIe Gen5 x16", 64.0),
+    (r"A100|A800|A30\b|A40\b|A10\b|A10G|MI250|MI210|MI100", "PCIe Gen4 x16", 32.0),
+    (r"V100|P100|T4\b|RTX 20|TITAN V|Quadro GP100|Quadro RTX", "PCIe Gen3 x16", 16.0),
+)
+"""(regex on ``sources.gpu_name``, host link, peak GB/s per direction), first match wins.
+
+Peaks per direction from docs/REFERENCE (PCIe Gen3 x16 ~16, Gen4 x16 ~32, Gen5 x16 ~64 GB/s;
+NVLink-C2C 450 GB/s). Which generation each GPU uses is from the vendors' data sheets: V100,
+P100, T4 and Turing boards are Gen3; A100/A30/A40/A10, MI100/MI210/MI250 Gen4; H100/H200,
+B200 and MI300 Gen5; Grace Hopper/Blackwell superchips use NVLink-C2C. A GPU not listed gets
+no peak."""
+
+NO_COPIES = "no memcpy events in this rank's trace"
+
+
+def _link_values() -> str:
+    rows = ", ".join(
+        f"({i}, '{pattern}', '{link}', {peak})" for i, (pattern, link, peak) in enumerate(LINK_PEAKS)
+    )
+    return f"(VALUES {rows}) AS l(priority, pattern, link, peak_gbps)"
+
+
+def _copies_ctes(ranks_sql: str) -> str:
+    """CTEs ``cp`` (one row per copy) with ``hidden`` and the host link of each source."""
+    return f"""
+link AS (
+  SELECT s.source, arg_min(l.link, l.priority) AS link, arg_min(l.peak_gbps, l.priority) AS peak_gbps
+  FROM sources s JOIN {_link_values()} ON regexp_matches(s.gpu_name, l.pattern)
+  WHERE s.run = $run
+  GROUP BY s.source
+),
+gpu_name AS (SELECT source, gpu_name FROM sources WHERE run = $run),
+cp AS MATERIALIZED (
+  SELECT row_number() OVER (ORDER BY e.rank, e.source, e.ts_ns, e.stream, e.correlation) AS point_id,
+         e.run, e.rank, e.source, e.step, e.ts_ns, e.dur_ns, e.stream, e.name, e.bytes,
+         CASE e.category WHEN 'memcpy_h2d' THEN 'h2d' WHEN 'memcpy_d2h' THEN 'd2h'
+                         WHEN 'memcpy_d2d' THEN 'd2d' ELSE 'other' END AS direction,
+         CASE WHEN e.name ILIKE '%pageable%' THEN 'pageable'
+              WHEN e.name ILIKE '%pinned%' THEN 'pinned' END AS host_memory
+  FROM events e
+  WHERE e.run = $run AND e.kind = 'memcpy' AND e.dur_ns IS NOT NULL AND {ranks_sql}
+),
+cp_iv AS (SELECT point_id, run, rank, ts_ns AS t0, ts_ns + dur_ns AS t1 FROM cp),
+{hidden_ctes('cp_iv', 'hidden')},
+copies AS (
+  SELECT c.*, coalesce(h.hidden_ns, 0) AS hidden_ns, c.dur_ns - coalesce(h.hidden_ns, 0) AS exposed_ns,
+         CASE WHEN c.direction IN ('h2d', 'd2h') THEN l.link END AS link,
+         CASE WHEN c.direction IN ('h2d', 'd2h') THEN l.peak_gbps END AS peak_gbps,
+         CASE WHEN c.direction NOT IN ('h2d', 'd2h') THEN 'device-side copy: no host-link peak'
+              WHEN l.peak_gbps IS NULL THEN 'no host-link peak known for GPU ' || coalesce(g.gpu_name, '(none recorded)')
+         END AS peak_absent_reason
+  FROM cp c LEFT JOIN hidden h USING (point_id)
+  LEFT JOIN link l USING (source) LEFT JOIN gpu_name g USING (source)
+)"""
+
+
+def _params(run: str, ranks: Sequence[int] | None) -> tuple[str, dict[str, object]]:
+    predicate, params = rank_filter(ranks, "e.rank")
+    return predicate, {"run": run, **params}
+
+
+def copy_events(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
+    """One row per copy: direction, host memory, bytes, time, hidden/exposed, bandwidth vs peak."""
+    ranks_sql, params = _params(run, ranks)
+    query = f"""
+WITH {_copies_ctes(ranks_sql)}
+SELECT run, rank, step, direction, host_memory, ts_ns, dur_ns, hidden_ns, exposed_ns, bytes,
+       bytes / nullif(dur_ns, 0) AS bandwidth_gbps, link, peak_gbps,
+       100.0 * bytes / nullif(dur_ns, 0) / peak_gbps AS pct_of_peak,
+       CASE WHEN dur_ns = 0 THEN 'zero-duration copy: no bandwidth' ELSE peak_absent_reason END AS absent_reason,
+       stream, name
+FROM copies
+ORDER BY rank, ts_ns
+"""
+    return store.sql(query, params)
+
+
+def copy_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None,
+                 *, per_step: bool = True) -> pa.Table:
+    """Per rank, step (when ``per_step``), direction and host memory: count, bytes, time,
+    hidden/exposed time, achieved bandwidth and its distribution against the link's peak.
+
+    ``bandwidth_gbps`` is total bytes over total time; ``p10/p50/p90_bandwidth_gbps`` are over
+    the copies (each weighted once) with a nonzero duration. ``pct_of_peak`` relates
+    ``bandwidth_gbps`` to the link's peak; ``p50_pct_of_peak`` the median copy.
+    """
+    ranks_sql, params = _params(run, ranks)
+    step_col = "step" if per_step else "NULL::BIGINT AS step"
+    query = f"""
+WITH {_copies_ctes(ranks_sql)},
+bw AS (SELECT *, bytes / nullif(dur_ns, 0) AS bandwidth_gbps FROM copies)
+SELECT run, rank, {step_col}, direction, host_memory, count(*) AS count, sum(bytes)::BIGINT AS bytes,
+       sum(dur_ns)::BIGINT AS dur_ns, sum(hidden_ns)::BIGINT AS hidden_ns,
+       sum(exposed_ns)::BIGINT AS exposed_ns,
+       100.0 * sum(hidden_ns) / nullif(sum(dur_ns), 0) AS hidden_pct,
+       sum(bytes) / nullif(sum(dur_ns), 0) AS bandwidth_gbps,
+       quantile_cont(bandwidth_gbps, 0.1) AS p10_bandwidth_gbps,
+       quantile_cont(bandwidth_gbps, 0.5) AS p50_bandwidth_gbps,
+       quantile_cont(bandwidth_gbps, 0.9) AS p90_bandwidth_gbps,
+       max(bandwidth_gbps) AS max_bandwidth_gbps,
+       any_value(link) AS link, any_value(peak_gbps) AS peak_gbps,
+       100.0 * sum(bytes) / nullif(sum(dur_ns), 0) / any_value(peak_gbps) AS pct_of_peak,
+       100.0 * quantile_cont(bandwidth_gbps, 0.5) / any_value(peak_gbps) AS p50_pct_of_peak,
+       any_value(peak_absent_reason) AS absent_reason
+FROM bw
+GROUP BY ALL
+ORDER BY rank, step NULLS LAST, direction, host_memory
+"""
+    return store.sql(query, params)
+
+
+@dataclass(frozen=True)
+class CopiesResult:
+    """The ``copies`` section: totals per rank and per step, by direction and host memory."""
+
+    totals: pa.Table
+    per_step: pa.Table
+
+
+@section("copies", order=50, to_json=lambda r: {
+    "totals": r.totals.to_pylist(),
+    "per_step": r.per_step.to_pylist(),
+})
+def copies_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe[CopiesResult]:
+    """Host<->device and device copies: bytes, time, bandwidth against the link's peak,
+    pinned vs pageable, and how much of the copy time compute hides."""
+    totals = copy_summary(store, run, ranks, per_step=False)
+    if totals.num_rows == 0:
+        return Absent(NO_COPIES)
+    return CopiesResult(totals=totals, per_step=copy_summary(store, run, ranks))
+
+
+PAGEABLE_MIN_BYTES = 16 * 1024**2
+"""Pageable traffic below this (scalars read back with ``.item()``, tiny inputs) is harmless."""
+
+
+@rule("copies.pageable", needs=("copies",))
+def pageable_rule(results: Results) -> Iterator[Finding]:
+    """Host<->device copies move at least 16 MiB from or to pageable host memory: the driver
+    stages them through a pinned bounce buffer, they cannot overlap compute and reach a
+    fraction of the link's bandwidth. Pin the host tensors (``pin_memory=True``)."""
+    result = results["copies"]
+    assert isinstance(result, CopiesResult)
+    for row in result.totals.to_pylist():
+        if row["host_memory"] != "pageable" or row["direction"] not in ("h2d", "d2h"):
+            continue
+        if (row["bytes"] or 0) < PAGEABLE_MIN_BYTES:
+            continue
+        what = "H2D copies from" if row["direction"] == "h2d" else "D2H copies to"
+        peak = f" ({row['pct_of_peak']:.0f}% of {row['link']})" if row["pct_of_peak"] is not None else ""
+        yield Finding(
+            Severity.WARNING,
+            "copies.pageable",
+            f"{what} pageable memory on rank {row['rank']}: {row['bytes'] / 1e9:.2f} GB at "
+            f"{row['bandwidth_gbps']:.1f} GB/s{peak}: pin host memory",
+            {"rank": row["rank"], "direction": row["direction"], "bytes": row["bytes"], "count": row["count"],
+             "bandwidth_gbps": row["bandwidth_gbps"], "pct_of_peak": row["pct_of_peak"]},
+        )

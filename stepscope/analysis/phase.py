@@ -1,0 +1,95 @@
+"""Training phase (forward, backward, optimizer) of GPU work and of host instants, in SQL.
+
+Kineto records no phase. We infer it from the host events that enclose the moment the work was
+issued: a GPU event's CUDA launch (found by ``correlation``) or a host instant such as a
+``[memory]`` event, on the same process and thread. Enclosing events are *markers* when their
+name says which phase they belong to:
+
+- **optimizer**: ``Optimizer.step#...`` / ``Optimizer.zero_grad#...`` (torch.optim's own
+  annotations) and any annotation or op whose name contains ``optimizer`` (``## optimizer ##``).
+- **backward**: ``autograd::engine::evaluate_function: ...`` (every op the autograd engine runs,
+  on its own thread), ops named ``*Backward*`` and annotations containing ``backward``.
+- **forward**: names containing ``forward`` (``## forward ##``, ``DistributedDataParallel.forward``,
+  ``nn.Module`` forward annotations).
+
+When markers of several phases enclose a launch, the first in the order optimizer, backward,
+forward wins: activation checkpointing re-runs forward code *inside* backward, and that work
+belongs to backward. A launch enclosed by no marker is ``other`` (data loading, the input
+all-to-all of a recommender, or a trace recorded without such annotations); GPU work whose launch
+is not in the trace gets a null phase (it cannot be placed).
+
+The module only builds SQL text (common table expressions) for the analyses that need a phase;
+it runs no query itself.
+"""
+
+from __future__ import annotations
+
+PHASES = ("forward", "backward", "optimizer", "other")
+"""Values of the ``phase`` column; null when the launch is not in the trace."""
+
+MARKER_PHASE_SQL = """
+CASE
+  WHEN lower(name) LIKE '%optimizer%' THEN 1
+  WHEN name LIKE 'autograd::engine::evaluate_function:%' OR lower(name) LIKE '%backward%' THEN 2
+  WHEN lower(name) LIKE '%forward%' THEN 3
+END
+"""
+"""Priority of a host event as a phase marker (1 optimizer, 2 backward, 3 forward) or null."""
+
+_PRIORITY_TO_PHASE = "CASE {p} WHEN 1 THEN 'optimizer' WHEN 2 THEN 'backward' WHEN 3 THEN 'forward' ELSE 'other' END"
+
+
+def launch_points_cte(gpu: str, out: str) -> str:
+    """CTE ``out(point_id, source, pid, tid, ts_ns, end_ns)``: the host launch of each GPU event.
+
+    ``gpu`` names a CTE with columns ``point_id, run, rank, source, correlation``. GPU work and
+    its launch share ``correlation`` within one trace file (``source``); a GPU event without a
+    matching ``cuda_runtime``/``cuda_driver`` event has no row here.
+    """
+    return f"""
+{out} AS (
+  SELECT g.point_id, l.source, l.pid, l.tid, l.ts_ns, l.ts_ns + coalesce(l.dur_ns, 0) AS end_ns
+  FROM {gpu} g
+  JOIN (
+    SELECT run, rank, source, correlation,
+           arg_min(pid, ts_ns) AS pid, arg_min(tid, ts_ns) AS tid,
+           min(ts_ns) AS ts_ns, arg_min(dur_ns, ts_ns) AS dur_ns
+    FROM events
+    WHERE kind IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
+      AND source IN (SELECT source FROM {gpu})
+    GROUP BY ALL
+  ) l ON l.run = g.run AND l.rank = g.rank AND l.source = g.source AND l.correlation = g.correlation
+)"""
+
+
+def phase_cte(points: str, out: str) -> str:
+    """CTE ``out(point_id, phase)``: the phase of each host point of CTE ``points``.
+
+    ``points`` has columns ``point_id, source, pid, tid, ts_ns, end_ns``. A marker encloses a
+    point when it runs on the same process and thread, starts at or before it and ends at or
+    after it. Every point gets a row (``other`` when no marker encloses it).
+    """
+    return f"""
+{out}_markers AS (
+  SELECT source, pid, tid, ts_ns, ts_ns + dur_ns AS end_ns, {MARKER_PHASE_SQL} AS priority
+  FROM events
+  WHERE kind IN ('cpu_op', 'user_annotation', 'python_function') AND dur_ns IS NOT NULL
+    AND source IN (SELECT source FROM {points})
+    AND ({MARKER_PHASE_SQL}) IS NOT NULL
+),
+{out} AS (
+  SELECT p.point_id, {_PRIORITY_TO_PHASE.format(p="min(m.priority)")} AS phase
+  FROM {points} p
+  LEFT JOIN {out}_markers m
+    ON m.source = p.source AND m.pid = p.pid AND m.tid = p.tid
+   AND m.ts_ns <= p.ts_ns AND m.end_ns >= p.end_ns
+  GROUP BY p.point_id
+)"""
+
+
+def gpu_phase_ctes(gpu: str, out: str) -> str:
+    """CTEs ending in ``out(point_id, phase)`` for the GPU events of CTE ``gpu``.
+
+    Events whose launch is not in the trace get no row, so a LEFT JOIN leaves their phase null.
+    """
+    return launch_points_cte(gpu, f"{out}_launch") + "," + phase_cte(f"{out}_launch", out)

@@ -1,0 +1,295 @@
+"""Communication analysis on real traces, every number checked against the raw JSON."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from stepscope.analysis import Absent, evaluate
+from stepscope.analysis.comm import (
+    collective_instances,
+    collective_kernels,
+    collective_summary,
+    comm_section,
+    group_phase_summary,
+    rank_arrivals,
+    skew_summary,
+)
+from stepscope.analysis.findings import RULES
+from stepscope.store import open_store
+from stepscope.store.ingest import ingest_paths
+from tests.conftest import load_raw
+from tests.rawcalc import comm_kernels, compute_union, covered, profiler_steps, rank_copy, span_ns
+
+NCCL = "hta/nccl_parser_config/nccl_data.json.gz"
+DFI = "hta/df_index_resolver/df_index_resolver.json.gz"
+ELEMENT = {"Float": 4, "Long": 8, "BFloat16": 2, "Half": 2, "Int": 4}
+
+
+def _rules(*ids: str):
+    return [RULES[i] for i in ids]
+
+
+def test_bandwidth_of_each_kernel_matches_nccl_tests_by_hand(ingested, shared_traces: Path) -> None:
+    """algbw = S / t, busbw = algbw x 2(n-1)/n for all-reduce, x 1 for broadcast (GB = 1e9)."""
+    doc = load_raw(shared_traces / NCCL)
+    expected = []
+    for e in comm_kernels(doc):
+        a = e["args"]
+        size = max(a["In msg nelems"], a["Out msg nelems"]) * ELEMENT[a["dtype"]]
+        n = a["Group size"]
+        factor = 2 * (n - 1) / n if a["Collective name"] == "allreduce" else 1.0
+        dur_ns = round(e["dur"] * 1000)
+        expected.append((size, size / dur_ns, size / dur_ns * factor))
+    rows = collective_kernels(open_store(ingested(NCCL)), "t").to_pylist()
+    assert len(rows) == len(expected) == 21
+    for row, (size, algbw, busbw) in zip(rows, expected):
+        assert row["bytes"] == size
+        assert row["algbw_gbps"] == pytest.approx(algbw, rel=1e-12)
+        assert row["busbw_gbps"] == pytest.approx(busbw, rel=1e-12)
+    # One kernel by hand: all-reduce of 6,637,568 floats in 2,636.669 us -> 10.0696 GB/s.
+    hand = [r for r in rows if r["bytes"] == 6637568 * 4 and r["dur_ns"] == 2636669]
+    assert len(hand) == 1 and hand[0]["busbw_gbps"] == pytest.approx(26550272 / 2636669)
+
+
+def test_busbw_factor_for_eight_ranks(ingested, shared_traces: Path) -> None:
+    """MI300X, group of 8: all-reduce factor 2*7/8 = 1.75, broadcast 1 (RCCL ncclDevKernel_Generic)."""
+    relative = "tracelens/mi300/resnet_act_checkpoint.json.gz"
+    doc = load_raw(shared_traces / relative)
+    expected = {}
+    for e in comm_kernels(doc):
+        a = e["args"]
+        if "Collective name" not in a:
+            continue
+        size = max(a["In msg nelems"], a["Out msg nelems"]) * ELEMENT[a["dtype"]]
+        factor = {"allreduce": 1.75, "broadcast": 1.0}[a["Collective name"]]
+        expected[span_ns(doc, e)[0]] = size / round(e["dur"] * 1000) * factor
+    rows = collective_kernels(open_store(ingested(relative)), "t").to_pylist()
+    got = {r["ts_ns"]: r["busbw_gbps"] for r in rows if r["busbw_gbps"] is not None}
+    assert got.keys() == expected.keys() and len(got) == 12
+    for ts, value in expected.items():
+        assert got[ts] == pytest.approx(value, rel=1e-12)
+    unsized = [r for r in rows if r["bytes"] is None]
+    assert len(unsized) == 5 and all(r["absent_reason"] for r in unsized)
+
+
+@pytest.mark.parametrize("relative", [NCCL, DFI, "hta/trace_diff/control/control.json.gz"])
+def test_hidden_time_is_the_overlap_with_the_compute_union(ingested, shared_traces: Path, relative) -> None:
+    doc = load_raw(shared_traces / relative)
+    islands = compute_union(doc)
+    expected = [covered(*span_ns(doc, e), islands) for e in comm_kernels(doc)]
+    rows = collective_kernels(open_store(ingested(relative)), "t").to_pylist()
+    assert [r["hidden_ns"] for r in rows] == expected
+    assert all(r["exposed_ns"] == r["dur_ns"] - r["hidden_ns"] for r in rows)
+    if relative == DFI:
+        assert sum(expected) == 0  # this trace's all-reduces never overlap compute
+    else:
+        assert sum(expected) > 0
+
+
+def test_phase_of_each_collective(ingested, shared_traces: Path) -> None:
+    """DDP: the broadcasts of buffers run in forward, gradient all-reduces in backward
+    (hand-read from the enclosing annotations: ``## forward ##`` / autograd engine)."""
+    rows = collective_kernels(open_store(ingested(NCCL)), "t").to_pylist()
+    assert Counter((r["collective"], r["phase"]) for r in rows) == {
+        ("broadcast", "forward"): 6, ("all_reduce", "backward"): 15}
+
+
+def test_phase_other_outside_markers(ingested, shared_traces: Path) -> None:
+    """Recommender trace: the input all-to-alls issued under ``## sparse_data_dist ##`` are in no
+    phase marker; backward all-to-alls and all-reduces are under the autograd engine."""
+    relative = "hta/trace_diff/control/control.json.gz"
+    doc = load_raw(shared_traces / relative)
+    events = doc["traceEvents"]
+    launch = {e["args"]["correlation"]: e for e in events
+              if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    host = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation", "python_function")]
+    expected = Counter()
+    for k in comm_kernels(doc):
+        la = launch[k["args"]["correlation"]]
+        names = [h["name"].lower() for h in host if h["pid"] == la["pid"] and h["tid"] == la["tid"]
+                 and h["ts"] <= la["ts"] and h["ts"] + h["dur"] >= la["ts"] + la["dur"]]
+        if any("optimizer" in n for n in names):
+            expected["optimizer"] += 1
+        elif any(n.startswith("autograd::engine::evaluate_function:") or "backward" in n for n in names):
+            expected["backward"] += 1
+        elif any("forward" in n for n in names):
+            expected["forward"] += 1
+        else:
+            expected["other"] += 1
+    rows = collective_kernels(open_store(ingested(relative)), "t").to_pylist()
+    assert Counter(r["phase"] for r in rows) == expected
+    assert expected["backward"] >= 24 and expected["other"] >= 10
+
+
+def test_summary_by_collective_and_group_sums_match_raw(ingested, shared_traces: Path) -> None:
+    doc = load_raw(shared_traces / NCCL)
+    kernels = comm_kernels(doc)
+    store = open_store(ingested(NCCL))
+    by_coll = collective_summary(store, "t").to_pylist()
+    raw_dur = Counter()
+    raw_count = Counter()
+    for e in kernels:
+        name = {"allreduce": "all_reduce", "broadcast": "broadcast"}[e["args"]["Collective name"]]
+        raw_dur[name] += round(e["dur"] * 1000)
+        raw_count[name] += 1
+    got_dur, got_count = Counter(), Counter()
+    for r in by_coll:
+        got_dur[r["collective"]] += r["dur_ns"]
+        got_count[r["collective"]] += r["count"]
+    assert got_dur == raw_dur and got_count == raw_count
+    buckets = {(r["collective"], r["size_bucket"]): r["count"] for r in by_coll}
+    # broadcasts: 3 of 212,480 bytes (64KiB-1MiB), 3 of 424 bytes (<64KiB)
+    assert buckets[("broadcast", "64KiB-1MiB")] == 3 and buckets[("broadcast", "<64KiB")] == 3
+    groups = group_phase_summary(store, "t").to_pylist()
+    assert {(g["pg_name"], g["pg_desc"], g["pg_ranks"], g["phase"]) for g in groups} == {
+        ("0", "default_pg", "[0, 1]", "backward"), ("0", "default_pg", "[0, 1]", "forward")}
+    steps_ns = sum(end - start for _, start, end in profiler_steps(doc))
+    islands = compute_union(doc)
+    exposed_backward = sum(round(e["dur"] * 1000) - covered(*span_ns(doc, e), islands)
+                           for e in kernels if e["args"]["Collective name"] == "allreduce")
+    backward = next(g for g in groups if g["phase"] == "backward")
+    assert backward["exposed_ns"] == exposed_backward
+    assert backward["exposed_pct_of_steps"] == pytest.approx(100 * exposed_backward / steps_ns)
+
+
+def test_exposed_rule_fires_on_poorly_overlapped_trace(ingested, shared_traces: Path) -> None:
+    """df_index_resolver: all-reduces never overlap compute and take >20% of step time."""
+    doc = load_raw(shared_traces / DFI)
+    exposed = sum(round(e["dur"] * 1000) for e in comm_kernels(doc))
+    steps_ns = sum(end - start for _, start, end in profiler_steps(doc))
+    result = comm_section(open_store(ingested(DFI)), "t", None)
+    found = evaluate({"comm": result}, _rules("comm.exposed"))
+    assert len(found) == 1
+    assert found[0].evidence["exposed_pct_of_steps"] == pytest.approx(100 * exposed / steps_ns)
+    assert "all_reduce in backward exposed 21% of step time" in found[0].message
+
+
+def test_exposed_rule_quiet_when_mostly_overlapped_or_small(ingested) -> None:
+    result = comm_section(open_store(ingested(NCCL)), "t", None)
+    assert evaluate({"comm": result}, _rules("comm.exposed")) == []
+
+
+def test_section_abstains_without_communication(ingested) -> None:
+    result = comm_section(open_store(ingested("hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz")), "t", None)
+    assert isinstance(result, Absent) and "no communication" in result.reason
+
+
+def test_single_rank_abstains_from_cross_rank_figures(ingested) -> None:
+    result = comm_section(open_store(ingested(NCCL)), "t", None)
+    assert isinstance(result.arrivals, Absent) and isinstance(result.skew, Absent)
+    assert evaluate({"comm": result}, _rules("comm.straggler", "comm.compute_straggler")) == []
+
+
+# ---- several ranks: rank copies of a real trace with a hand-known skew --------------------------
+
+LATE_US = 5.0
+EARLY_US = -3.0
+
+
+@pytest.fixture(scope="module")
+def skewed_run(tmp_path_factory, shared_traces: Path):
+    """Rank 0: nccl_data as recorded. Rank 1: the same trace, every collective starting 5 us
+    late, except every 4th starting 3 us early. Rank 2: every collective 5 us late, compute
+    kernels 1.5x longer (a compute straggler)."""
+    doc = load_raw(shared_traces / NCCL)
+    folder = tmp_path_factory.mktemp("skewed")
+    paths = [
+        shared_traces / NCCL,
+        rank_copy(doc, 1, lambda i: EARLY_US if i % 4 == 3 else LATE_US, folder / "r1.json.gz"),
+        rank_copy(doc, 2, lambda i: LATE_US, folder / "r2.json.gz", stretch_compute=1.5),
+    ]
+    store_dir = folder / "store"
+    report = ingest_paths(paths, store_dir, "skew")
+    assert report.ok, report.errors
+    return open_store(store_dir), [load_raw(p) for p in paths]
+
+
+def test_instances_skew_and_last_rank_match_the_injected_shifts(skewed_run) -> None:
+    store, docs = skewed_run
+    starts = [[span_ns(d, e)[0] for e in comm_kernels(d)] for d in docs]
+    durs = [[round(e["dur"] * 1000) for e in comm_kernels(d)] for d in docs]
+    rows = collective_instances(store, "skew").to_pylist()
+    assert len(rows) == 21 and all(r["ranks"] == 3 and r["absent_reason"] is None for r in rows)
+    for i, row in enumerate(rows):
+        s = [starts[r][i] for r in range(3)]
+        assert row["start_skew_ns"] == max(s) - min(s)
+        shifts = (0.0, EARLY_US if i % 4 == 3 else LATE_US, LATE_US)
+        # the injected skew, to within the float rounding of ts in the JSON
+        assert abs(row["start_skew_ns"] - (max(shifts) - min(shifts)) * 1000) <= 1
+        late = [r for r in range(3) if s[r] == max(s)]
+        assert row["last_rank"] == (late[0] if len(late) == 1 else None)
+        assert row["min_dur_ns"] == min(durs[r][i] for r in range(3))
+        assert row["dur_spread_ns"] == max(durs[r][i] for r in range(3)) - row["min_dur_ns"]
+    # every 4th: rank 1 early, rank 2 alone last; otherwise ranks 1 and 2 tie unless rounding splits them
+    assert all(rows[i]["last_rank"] == 2 for i in range(3, 21, 4))
+
+
+def test_arrivals_and_straggler_rule(skewed_run) -> None:
+    store, _ = skewed_run
+    rows = {r["rank"]: r for r in rank_arrivals(store, "skew").to_pylist()}
+    instances = collective_instances(store, "skew").to_pylist()
+    last = Counter(r["last_rank"] for r in instances)
+    for rank in (0, 1, 2):
+        assert rows[rank]["instances"] == 21
+        assert rows[rank]["last_count"] == last.get(rank, 0)
+    assert rows[0]["last_count"] == 0
+    result = comm_section(store, "skew", None)
+    found = evaluate({"comm": result}, _rules("comm.straggler"))
+    suspects = {f.evidence["rank"] for f in found}
+    # rank 2 is last alone at the 5 instances where rank 1 came early, and ties elsewhere:
+    # the rule fires only if it is last at >= 66.7% (3 ranks: chance 1/3, halfway to always).
+    expected = {r for r, row in rows.items() if 100 * row["last_count"] / 21 >= 100 * (1 / 3 + (2 / 3) / 2)}
+    assert suspects == expected
+
+
+def test_straggler_rule_fires_on_a_consistent_late_rank(tmp_path, shared_traces: Path) -> None:
+    doc = load_raw(shared_traces / NCCL)
+    late = rank_copy(doc, 1, lambda i: LATE_US, tmp_path / "late.json.gz")
+    store_dir = tmp_path / "store"
+    assert ingest_paths([shared_traces / NCCL, late], store_dir, "late").ok
+    store = open_store(store_dir)
+    found = evaluate({"comm": comm_section(store, "late", None)}, _rules("comm.straggler"))
+    assert [f.evidence["rank"] for f in found] == [1]
+    assert found[0].evidence["last_pct"] == 100.0 and found[0].evidence["instances"] == 21
+    assert found[0].evidence["steps_last_most"] == 3 == found[0].evidence["steps_with_instances"]
+
+
+def test_straggler_rule_quiet_when_arrivals_alternate(tmp_path, shared_traces: Path) -> None:
+    doc = load_raw(shared_traces / NCCL)
+    alternating = rank_copy(doc, 1, lambda i: LATE_US if i % 2 else EARLY_US, tmp_path / "alt.json.gz")
+    store_dir = tmp_path / "store"
+    assert ingest_paths([shared_traces / NCCL, alternating], store_dir, "alt").ok
+    store = open_store(store_dir)
+    rows = {r["rank"]: r for r in rank_arrivals(store, "alt").to_pylist()}
+    assert rows[1]["last_count"] == 10 and rows[0]["last_count"] == 11
+    assert evaluate({"comm": comm_section(store, "alt", None)}, _rules("comm.straggler")) == []
+
+
+def test_skew_summary(skewed_run) -> None:
+    store, _ = skewed_run
+    rows = skew_summary(store, "skew").to_pylist()
+    assert {(r["collective"], r["instances"]) for r in rows} == {("all_reduce", 15), ("broadcast", 6)}
+    for r in rows:
+        assert abs(r["max_start_skew_ns"] - (LATE_US - EARLY_US) * 1000) <= 1
+
+
+def test_compute_straggler_rule(skewed_run) -> None:
+    store, _ = skewed_run
+    result = comm_section(store, "skew", None)
+    compute = {r["rank"]: r for r in result.compute.to_pylist()}
+    assert compute[0]["mean_compute_ns"] == compute[1]["mean_compute_ns"]  # identical compute
+    assert compute[2]["mean_compute_ns"] > 1.3 * compute[0]["mean_compute_ns"]
+    found = evaluate({"comm": result}, _rules("comm.compute_straggler"))
+    assert [f.evidence["rank"] for f in found] == [2]
+
+
+def test_compute_straggler_rule_quiet_on_equal_ranks(tmp_path, shared_traces: Path) -> None:
+    doc = load_raw(shared_traces / NCCL)
+    same = rank_copy(doc, 1, lambda i: LATE_US, tmp_path / "same.json.gz")
+    store_dir = tmp_path / "store"
+    assert ingest_paths([shared_traces / NCCL, same], store_dir, "same").ok
+    result = comm_section(open_store(store_dir), "same", None)
+    assert evaluate({"comm": result}, _rules("comm.compute_straggler")) == []
