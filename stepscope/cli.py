@@ -19,7 +19,11 @@ COMMANDS: dict[str, str] = {
     "ingest": "Ingest Kineto traces (*.json, *.json.gz) into a store, as the ranks of one run.",
     "runs": "List the runs in a store.",
     "sql": "Run read-only SQL over the store's views.",
+    "summary": "Where each step's time goes, per rank: breakdown, totals, kernels, findings.",
     "demo": "Ingest the bundled sample traces into a local store and show what they hold.",
+    "compare": "Compare two runs against budgets (exit 0 pass, 1 regression, 4 inconclusive).",
+    "accept": "Accept a run's intended change: keep the reason and make it the baseline.",
+    "baseline": "Name the run that comparisons start from, per branch or tag.",
 }
 """Subcommand name -> one-line help. The module is ``stepscope.commands.<name>``."""
 

@@ -59,7 +59,7 @@ _HTA_SCOPE = """
     )"""
 
 
-def _gpu_cte(rf: str, *, hta_scope: bool = False) -> str:
+def gpu_cte(rf: str, *, hta_scope: bool = False) -> str:
     """``gpu``: every GPU interval of the run with positive duration and its class number.
 
     A category outside :data:`GPU_CLASSES` is an ingest bug and fails the query loudly instead
@@ -76,7 +76,7 @@ gpu AS MATERIALIZED (
 )"""
 
 
-def _window_ctes(rf: str) -> str:
+def window_ctes(rf: str) -> str:
     """``win(rank, step, cpu_start, cpu_end, gpu_end, w0, w1)``: the step windows.
 
     TensorBoard plugin rule: ``w0 = max(cpu_start, previous w1)``,
@@ -207,8 +207,8 @@ def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
     ]
     names = [p.rsplit(" AS ", 1)[1] for p in parts]
     query = f"""
-    WITH {_gpu_cte(rf)},
-    {_window_ctes(rf)},
+    WITH {gpu_cte(rf)},
+    {window_ctes(rf)},
     iv AS (SELECT rank, t0, t1, cls FROM gpu),
     {sweep_ctes(n, gaps=True)},
     _launch AS (
@@ -245,7 +245,7 @@ def step_windows(store: SQLStore, run: str, ranks: Sequence[int] | None = None) 
     start_ns, end_ns, dur_ns`` (``gpu_end_ns`` null when the step launched no GPU work)."""
     rf, extra = rank_filter(ranks)
     query = f"""
-    WITH {_gpu_cte(rf)}, {_window_ctes(rf)}
+    WITH {gpu_cte(rf)}, {window_ctes(rf)}
     SELECT $run AS run, rank, step, cpu_start AS cpu_start_ns, cpu_end AS cpu_end_ns,
            gpu_end AS gpu_end_ns, w0 AS start_ns, w1 AS end_ns, w1 - w0 AS dur_ns
     FROM win ORDER BY rank, step
@@ -332,7 +332,7 @@ def rank_totals(
     """
     rf, extra = rank_filter(ranks)
     query = f"""
-    WITH {_gpu_cte(rf, hta_scope=hta_scope)},
+    WITH {gpu_cte(rf, hta_scope=hta_scope)},
     win AS (SELECT rank, 0 AS step, min(t0) AS w0, max(t1) AS w1 FROM gpu GROUP BY rank),
     iv AS (SELECT rank, t0, t1, cls FROM gpu),
     {sweep_ctes(len(GPU_CLASSES))},

@@ -1,0 +1,146 @@
+"""Kernels and ops: what the GPU and the CPU spend their time on, launch overhead, step times.
+
+All per rank, in DuckDB SQL over the store. Definitions in docs/ANALYSIS.md ("Kernels and ops").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+from stepscope.analysis._sql import rank_filter
+from stepscope.analysis.breakdown import GPU_KINDS_SQL, gpu_cte, window_ctes
+from stepscope.analysis.sections import SQLStore
+
+
+def top_kernels(store: SQLStore, run: str, n: int = 20, ranks: Sequence[int] | None = None) -> pa.Table:
+    """The ``n`` GPU activities (kernels, copies, memsets; grouped by name) with the most total
+    time, per rank.
+
+    Counted: GPU work launched inside a profiled step when the rank has steps (so the share is
+    of the same steps), all GPU work otherwise. Columns: ``run, rank, rank_in_rank`` (1 = most
+    time), ``name, kind, category, count, total_ns, mean_ns, max_ns, share_of_steps_pct``
+    (``total_ns`` over the summed step windows; null without steps; kernels on parallel
+    streams can add up to more than 100%).
+    """
+    rf, extra = rank_filter(ranks)
+    query = f"""
+    WITH {gpu_cte(rf)}, {window_ctes(rf)},
+    _step_time AS (SELECT rank, sum(w1 - w0) AS step_ns FROM win GROUP BY rank),
+    _work AS (
+        SELECT e.rank, e.name, e.kind, e.category, e.dur_ns
+        FROM events e LEFT JOIN _step_time st USING (rank)
+        WHERE e.run = $run AND e.kind IN {GPU_KINDS_SQL} AND e.dur_ns > 0 AND {rf}
+          AND (st.rank IS NULL OR e.step IS NOT NULL)
+    ),
+    _agg AS (
+        SELECT rank, name, any_value(kind) AS kind, any_value(category) AS category,
+               count(*) AS count, sum(dur_ns)::BIGINT AS total_ns, avg(dur_ns) AS mean_ns,
+               max(dur_ns) AS max_ns
+        FROM _work GROUP BY rank, name
+    ),
+    _ranked AS (
+        SELECT *, row_number() OVER (PARTITION BY rank ORDER BY total_ns DESC, name) AS rank_in_rank
+        FROM _agg
+    )
+    SELECT $run AS run, r.rank, r.rank_in_rank, r.name, r.kind, r.category, r.count, r.total_ns,
+           r.mean_ns, r.max_ns, 100.0 * r.total_ns / st.step_ns AS share_of_steps_pct
+    FROM _ranked r LEFT JOIN _step_time st USING (rank)
+    WHERE r.rank_in_rank <= $n
+    ORDER BY r.rank, r.rank_in_rank
+    """
+    return store.sql(query, {"run": run, "n": int(n), **extra})
+
+
+def top_cpu_ops(store: SQLStore, run: str, n: int = 20, ranks: Sequence[int] | None = None) -> pa.Table:
+    """The ``n`` CPU operators (``cpu_op`` events, grouped by name) with the most total time.
+
+    Times are inclusive (an op's time contains the ops it calls), as the trace records them.
+    Columns: ``run, rank, rank_in_rank, name, category, count, total_ns, mean_ns, max_ns,
+    share_of_steps_pct`` (over the summed ProfilerStep CPU windows; null without steps).
+    Counted: ops that start inside a profiled step when the rank has steps, all ops otherwise.
+    """
+    rf, extra = rank_filter(ranks)
+    query = f"""
+    WITH _step_time AS (
+        SELECT rank, sum(dur_ns) AS step_ns FROM steps WHERE run = $run AND {rf} GROUP BY rank
+    ),
+    _agg AS (
+        SELECT e.rank, e.name, any_value(e.category) AS category, count(*) AS count,
+               sum(e.dur_ns)::BIGINT AS total_ns, avg(e.dur_ns) AS mean_ns, max(e.dur_ns) AS max_ns
+        FROM events e LEFT JOIN _step_time st USING (rank)
+        WHERE e.run = $run AND e.kind = 'cpu_op' AND e.dur_ns IS NOT NULL AND {rf}
+          AND (st.rank IS NULL OR e.step IS NOT NULL)
+        GROUP BY e.rank, e.name
+    ),
+    _ranked AS (
+        SELECT *, row_number() OVER (PARTITION BY rank ORDER BY total_ns DESC, name) AS rank_in_rank
+        FROM _agg
+    )
+    SELECT $run AS run, r.rank, r.rank_in_rank, r.name, r.category, r.count, r.total_ns, r.mean_ns,
+           r.max_ns, 100.0 * r.total_ns / st.step_ns AS share_of_steps_pct
+    FROM _ranked r LEFT JOIN _step_time st USING (rank)
+    WHERE r.rank_in_rank <= $n
+    ORDER BY r.rank, r.rank_in_rank
+    """
+    return store.sql(query, {"run": run, "n": int(n), **extra})
+
+
+def launch_overhead(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
+    """Host launch cost against the GPU work it launches, per rank (ranks with GPU work only).
+
+    A launch is a ``cuda_runtime``/``cuda_driver`` call whose correlation id matches GPU work.
+    Columns: ``run, rank, launches, launch_ns`` (summed launch-call durations), ``launched_gpu_ns``
+    (summed durations of the GPU work they launched), ``launch_to_gpu_ratio``
+    (launch_ns / launched_gpu_ns: above 1 the host spends longer launching than the GPU
+    computing), ``short_launches`` (launches whose GPU work took less time than the call),
+    ``median_launch_delay_ns`` (GPU start - launch-call start, lower median).
+    """
+    rf, extra = rank_filter(ranks)
+    query = f"""
+    WITH _gpu AS (
+        SELECT rank, source, correlation, min(ts_ns) AS gpu_start, sum(dur_ns) AS gpu_ns
+        FROM events
+        WHERE run = $run AND kind IN {GPU_KINDS_SQL} AND dur_ns IS NOT NULL
+          AND correlation IS NOT NULL AND {rf}
+        GROUP BY rank, source, correlation
+    ),
+    _launch AS (
+        SELECT r.rank, r.ts_ns, r.dur_ns, g.gpu_start, g.gpu_ns
+        FROM events r JOIN _gpu g
+          ON r.rank = g.rank AND r.source = g.source AND r.correlation = g.correlation
+        WHERE r.run = $run AND r.kind IN ('cuda_runtime', 'cuda_driver') AND r.dur_ns IS NOT NULL
+    )
+    SELECT $run AS run, rank, count(*) AS launches, sum(dur_ns)::BIGINT AS launch_ns,
+           sum(gpu_ns)::BIGINT AS launched_gpu_ns,
+           CASE WHEN sum(gpu_ns) > 0 THEN sum(dur_ns) / sum(gpu_ns) END AS launch_to_gpu_ratio,
+           count(*) FILTER (WHERE gpu_ns < dur_ns) AS short_launches,
+           quantile_disc(gpu_start - ts_ns, 0.5) AS median_launch_delay_ns
+    FROM _launch GROUP BY rank ORDER BY rank
+    """
+    return store.sql(query, {"run": run, **extra})
+
+
+def step_stats(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
+    """Step-time statistics per rank, from each source of step times the run has.
+
+    ``source`` is ``profiler_steps`` (ProfilerStep CPU windows, ``steps`` table) or
+    ``step_times`` (every step the collector timed, ``wall_ns``). Columns: ``run, rank, source,
+    steps, min_ns, median_ns, p90_ns, max_ns, mean_ns, spread_pct`` (100 * (max - min) /
+    median). Quantiles are discrete (an observed step time: DuckDB ``quantile_disc``).
+    """
+    rf, extra = rank_filter(ranks)
+    query = f"""
+    WITH _d AS (
+        SELECT rank, 'profiler_steps' AS source, dur_ns AS d FROM steps WHERE run = $run AND {rf}
+        UNION ALL
+        SELECT rank, 'step_times', wall_ns FROM step_times WHERE run = $run AND {rf}
+    )
+    SELECT $run AS run, rank, source, count(*) AS steps, min(d) AS min_ns,
+           quantile_disc(d, 0.5) AS median_ns, quantile_disc(d, 0.9) AS p90_ns, max(d) AS max_ns,
+           avg(d) AS mean_ns,
+           100.0 * (max(d) - min(d)) / quantile_disc(d, 0.5) AS spread_pct
+    FROM _d GROUP BY rank, source ORDER BY rank, source
+    """
+    return store.sql(query, {"run": run, **extra})

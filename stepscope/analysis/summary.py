@@ -1,0 +1,221 @@
+"""The summary of one run: per-rank steps and totals, kernels and ops, other sections, findings.
+
+``build_summary(store, run)`` returns the JSON document documented in docs/SUMMARY_JSON.md;
+``stepscope summary`` prints it or renders it. Two sections live here: ``ranks`` (the step
+breakdown, host breakdown, HTA-style totals and step statistics of every rank) and ``kernels``
+(top kernels, top CPU ops, launch overhead); other analyses register their own sections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from stepscope.analysis.absent import NO_GPU_EVENTS, NO_STEPS, Absent, jsonable
+from stepscope.analysis.breakdown import (
+    absence,
+    host_breakdown,
+    rank_status,
+    rank_totals,
+    step_breakdown,
+)
+from stepscope.analysis.findings import evaluate
+from stepscope.analysis.kernels import launch_overhead, step_stats, top_cpu_ops, top_kernels
+from stepscope.analysis.sections import SQLStore, compute_sections, section
+
+SUMMARY_VERSION = 1
+"""Bumped when a key of the summary JSON changes meaning or disappears (adding keys does not)."""
+
+TOTALS_KEYS = (
+    "gpu_span_ns",
+    "gpu_idle_ns",
+    "compute_ns",
+    "non_compute_ns",
+    "comm_comp_overlap_pct",
+    "gpu_busy_ns",
+    "comm_ns",
+    "comm_comp_overlap_ns",
+)
+GPU_STEP_KEYS = (
+    "compute_ns",
+    "comm_exposed_ns",
+    "comm_overlapped_ns",
+    "memcpy_h2d_exposed_ns",
+    "memcpy_d2h_exposed_ns",
+    "memcpy_d2d_exposed_ns",
+    "memcpy_other_exposed_ns",
+    "memset_exposed_ns",
+    "idle_ns",
+    "memcpy_overlapped_ns",
+    "idle_host_wait_ns",
+    "idle_kernel_wait_ns",
+    "idle_other_ns",
+)
+HOST_STEP_KEYS = (
+    "data_loading_ns",
+    "optimizer_ns",
+    "compute_ops_ns",
+    "communication_ops_ns",
+    "other_ns",
+    "communication_overlapped_ns",
+)
+
+
+@dataclass(frozen=True)
+class RanksResult:
+    """Everything per rank: the frames the ``ranks`` section and the rules read.
+
+    ``breakdown``/``host``: :func:`step_breakdown` / :func:`host_breakdown` or ``Absent``;
+    ``totals``/``totals_hta``: :func:`rank_totals` (default and HTA scope); ``stats``:
+    :func:`step_stats`; ``status``: :func:`rank_status`; ``ranks``: the ranks reported.
+    """
+
+    ranks: tuple[int, ...]
+    status: pa.Table
+    breakdown: pa.Table | Absent
+    host: pa.Table | Absent
+    totals: pa.Table
+    totals_hta: pa.Table
+    stats: pa.Table
+
+
+def _by_rank(table: pa.Table | Absent) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    if isinstance(table, Absent):
+        return out
+    for row in table.to_pylist():
+        out.setdefault(row["rank"], []).append(row)
+    return out
+
+
+def _present_ranks(status: pa.Table, wanted: Sequence[int] | None) -> list[int]:
+    have = [r for r in status.column("rank").to_pylist()]
+    return list(wanted) if wanted is not None else have
+
+
+@section("ranks", order=10, to_json=lambda r: ranks_json(r))
+def ranks_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> RanksResult:
+    """Per rank: every step's GPU and host breakdown, whole-trace totals (HTA definitions) and
+    step-time statistics."""
+    status = rank_status(store, run)
+    wanted = _present_ranks(status, ranks)
+    return RanksResult(
+        ranks=tuple(wanted),
+        status=status,
+        breakdown=step_breakdown(store, run, wanted),
+        host=host_breakdown(store, run, wanted),
+        totals=rank_totals(store, run, wanted),
+        totals_hta=rank_totals(store, run, wanted, hta_scope=True),
+        stats=step_stats(store, run, wanted),
+    )
+
+
+def _totals_json(row: dict[str, Any] | None, reason: str | None) -> dict[str, Any]:
+    if row is None or row["absent_reason"]:
+        why = reason or (row or {}).get("absent_reason") or NO_GPU_EVENTS
+        return {key: Absent(why) for key in TOTALS_KEYS}
+    out: dict[str, Any] = {key: row[key] for key in TOTALS_KEYS}
+    if row["overlap_absent_reason"]:
+        out["comm_comp_overlap_pct"] = Absent(row["overlap_absent_reason"])
+    return out
+
+
+def ranks_json(result: RanksResult) -> list[dict[str, Any]]:
+    """The ``ranks`` list of the summary JSON (docs/SUMMARY_JSON.md)."""
+    gpu = _by_rank(result.breakdown)
+    host = {r: {row["step"]: row for row in rows} for r, rows in _by_rank(result.host).items()}
+    totals = {row["rank"]: row for row in result.totals.to_pylist()}
+    totals_hta = {row["rank"]: row for row in result.totals_hta.to_pylist()}
+    stats = _by_rank(result.stats)
+    out: list[dict[str, Any]] = []
+    for rank in result.ranks:
+        missing = absence(result.status, rank, needs_steps=False, needs_gpu=False)
+        if missing:
+            out.append({"rank": rank, "steps": Absent(missing), "totals": Absent(missing),
+                        "step_stats": Absent(missing)})
+            continue
+        no_steps = absence(result.status, rank, needs_steps=True, needs_gpu=False)
+        no_gpu = absence(result.status, rank, needs_steps=False, needs_gpu=True)
+        steps: list[dict[str, Any]] | Absent
+        if no_steps:
+            steps = Absent(no_steps)
+        else:
+            steps = []
+            gpu_rows = {row["step"]: row for row in gpu.get(rank, [])}
+            for step, host_row in sorted(host.get(rank, {}).items()):
+                gpu_row = gpu_rows.get(step)
+                item: dict[str, Any] = {"step": step}
+                if gpu_row is not None:
+                    item["dur_ns"] = gpu_row["dur_ns"]
+                    item["start_ns"] = gpu_row["start_ns"]
+                    item["end_ns"] = gpu_row["end_ns"]
+                    item["cpu_dur_ns"] = gpu_row["cpu_dur_ns"]
+                    item.update({key: gpu_row[key] for key in GPU_STEP_KEYS})
+                else:
+                    item["dur_ns"] = host_row["dur_ns"]
+                    item["start_ns"] = host_row["start_ns"]
+                    item["end_ns"] = host_row["end_ns"]
+                    item["cpu_dur_ns"] = host_row["dur_ns"]
+                    item.update({key: Absent(no_gpu or NO_GPU_EVENTS) for key in GPU_STEP_KEYS})
+                item["host"] = {key: host_row[key] for key in HOST_STEP_KEYS}
+                item["host"]["dur_ns"] = host_row["dur_ns"]
+                steps.append(item)
+        totals_obj = _totals_json(totals.get(rank), no_gpu)
+        totals_obj["hta_scope"] = _totals_json(totals_hta.get(rank), no_gpu)
+        out.append({
+            "rank": rank,
+            "steps": steps,
+            "totals": totals_obj,
+            "step_stats": [{k: v for k, v in row.items() if k not in ("run", "rank")} for row in stats.get(rank, [])]
+            or Absent(NO_STEPS),
+        })
+    return out
+
+
+@dataclass(frozen=True)
+class KernelsResult:
+    """Top GPU work, top CPU ops and launch overhead (frames of :mod:`stepscope.analysis.kernels`)."""
+
+    top_kernels: pa.Table
+    top_cpu_ops: pa.Table
+    launch_overhead: pa.Table
+
+
+TOP_N = 10
+
+
+@section("kernels", order=20, to_json=lambda r: kernels_json(r))
+def kernels_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> KernelsResult:
+    """Per rank: the GPU kernels and CPU ops with the most time, and launch overhead."""
+    return KernelsResult(
+        top_kernels=top_kernels(store, run, TOP_N, ranks),
+        top_cpu_ops=top_cpu_ops(store, run, TOP_N, ranks),
+        launch_overhead=launch_overhead(store, run, ranks),
+    )
+
+
+def kernels_json(result: KernelsResult) -> dict[str, Any]:
+    def rows(table: pa.Table) -> list[dict[str, Any]]:
+        return [{k: v for k, v in row.items() if k != "run"} for row in table.to_pylist()]
+
+    return {
+        "top_kernels": rows(result.top_kernels),
+        "top_cpu_ops": rows(result.top_cpu_ops),
+        "launch_overhead": rows(result.launch_overhead),
+    }
+
+
+def build_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> dict[str, Any]:
+    """The summary document of ``run`` (JSON-ready; contract in docs/SUMMARY_JSON.md)."""
+    from stepscope.analysis.sections import all_sections
+
+    results = compute_sections(store, run, ranks)
+    doc: dict[str, Any] = {"summary_version": SUMMARY_VERSION, "run": run}
+    for s in all_sections():
+        result = results[s.name]
+        doc[s.name] = result if isinstance(result, Absent) else s.to_json(result)
+    doc["findings"] = [f.to_json() for f in evaluate(results)]
+    return jsonable(doc)

@@ -1,0 +1,213 @@
+"""``stepscope summary``: where each step's time goes, per rank, with the findings.
+
+``--format json`` prints the documented contract (docs/SUMMARY_JSON.md); ``table`` and
+``markdown`` render the same document. Rendering is pure: document in, string out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from stepscope.errors import UsageError
+
+FORMATS = ("table", "json", "markdown")
+
+Block = tuple[str, list[str], list[list[str]]]
+"""(title, column names, rows of cells): the unit both text renderers draw."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", required=True, type=Path, help="store folder")
+    parser.add_argument("--run", help="run name or id (default: the store's only run)")
+    parser.add_argument("--rank", type=int, action="append", metavar="R",
+                        help="only this rank (repeat for several)")
+    parser.add_argument("--format", choices=FORMATS, default="table")
+
+
+def resolve_run(store: Any, run: str | None) -> str:
+    """The run id for ``--run`` (an id or a name as given), or the only run of the store."""
+    runs = store.sql("SELECT run, name FROM runs ORDER BY run").to_pylist()
+    if not runs:
+        raise UsageError(f"{store.root}: the store holds no runs (ingest traces first)")
+    if run is None:
+        if len(runs) == 1:
+            return runs[0]["run"]
+        raise UsageError("the store holds several runs; pick one with --run: "
+                         + ", ".join(r["run"] for r in runs))
+    for row in runs:
+        if run in (row["run"], row["name"]):
+            return row["run"]
+    raise UsageError(f"no run {run!r} in {store.root}; runs: " + ", ".join(r["run"] for r in runs))
+
+
+def run(args: argparse.Namespace) -> int:
+    from stepscope.analysis.summary import build_summary
+    from stepscope.store import open_store
+
+    with open_store(args.store) as store:
+        doc = build_summary(store, resolve_run(store, args.run), args.rank)
+    if args.format == "json":
+        print(json.dumps(doc, indent=1))
+    elif args.format == "markdown":
+        print(render_markdown(doc))
+    else:
+        print(render_table(doc))
+    return 0
+
+
+# ---- rendering ----
+
+
+def _ms(ns: Any) -> str:
+    return "-" if ns is None else f"{ns / 1e6:,.2f}"
+
+
+def _pct(part: Any, whole: Any) -> str:
+    if part is None or not whole:
+        return "-"
+    return f"{100 * part / whole:.1f}%"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.2f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+_STEP_COLUMNS = (
+    ("compute", "compute_ns"),
+    ("comm", "comm_exposed_ns"),
+    ("h2d", "memcpy_h2d_exposed_ns"),
+    ("d2h", "memcpy_d2h_exposed_ns"),
+    ("d2d", "memcpy_d2d_exposed_ns"),
+    ("cp-other", "memcpy_other_exposed_ns"),
+    ("memset", "memset_exposed_ns"),
+    ("idle", "idle_ns"),
+    ("(host wait)", "idle_host_wait_ns"),
+    ("(comm hidden)", "comm_overlapped_ns"),
+)
+_HOST_COLUMNS = (
+    ("data", "data_loading_ns"),
+    ("optimizer", "optimizer_ns"),
+    ("compute ops", "compute_ops_ns"),
+    ("comm ops", "communication_ops_ns"),
+    ("other", "other_ns"),
+)
+
+
+def _rank_blocks(rank: dict[str, Any]) -> Iterator[Block]:
+    r = rank["rank"]
+    reasons = rank.get("absent_reasons", {})
+    steps = rank.get("steps")
+    if steps is None:
+        yield (f"rank {r}: steps", ["absent"], [[reasons.get("steps", "")]])
+    else:
+        gpu = any(s.get("compute_ns") is not None for s in steps)
+        if gpu:
+            cols = ["step", "dur ms"] + [c for c, _ in _STEP_COLUMNS]
+            rows = [[str(s["step"]), _ms(s["dur_ns"])] + [_pct(s[k], s["dur_ns"]) for _, k in _STEP_COLUMNS] for s in steps]
+            yield (f"rank {r}: GPU time per step (% of step; parts sum to 100%)", cols, rows)
+        cols = ["step", "cpu ms"] + [c for c, _ in _HOST_COLUMNS]
+        rows = [[str(s["step"]), _ms(s["host"]["dur_ns"])] + [_pct(s["host"][k], s["host"]["dur_ns"]) for _, k in _HOST_COLUMNS]
+                for s in steps]
+        yield (f"rank {r}: host time per step (% of ProfilerStep)", cols, rows)
+    totals = rank.get("totals")
+    if totals is not None:
+        treasons = totals.get("absent_reasons", {})
+        if totals.get("gpu_span_ns") is None:
+            yield (f"rank {r}: totals", ["absent"], [[treasons.get("gpu_span_ns", "")]])
+        else:
+            span = totals["gpu_span_ns"]
+            overlap = totals.get("comm_comp_overlap_pct")
+            yield (f"rank {r}: whole trace (HTA definitions)",
+                   ["gpu span ms", "idle", "compute", "non-compute", "comm/comp overlap"],
+                   [[_ms(span), _pct(totals["gpu_idle_ns"], span), _pct(totals["compute_ns"], span),
+                     _pct(totals["non_compute_ns"], span),
+                     "-" if overlap is None else f"{overlap:.1f}%"]])
+    stats = rank.get("step_stats")
+    if stats:
+        yield (f"rank {r}: step times",
+               ["source", "steps", "median ms", "p90 ms", "min ms", "max ms", "spread"],
+               [[s["source"], str(s["steps"]), _ms(s["median_ns"]), _ms(s["p90_ns"]), _ms(s["min_ns"]),
+                 _ms(s["max_ns"]), f"{s['spread_pct']:.1f}%"] for s in stats])
+
+
+def _generic_blocks(title: str, value: Any) -> Iterator[Block]:
+    """Any section's JSON as blocks: lists of objects become tables, objects key/value rows."""
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        cols: list[str] = []
+        for v in value:
+            cols.extend(k for k in v if k not in cols and not isinstance(v[k], (dict, list)))
+        yield (title, cols, [[_cell(v.get(c)) for c in cols] for v in value])
+    elif isinstance(value, dict):
+        scalars = [[k, _cell(v)] for k, v in value.items() if not isinstance(v, (dict, list)) and k != "absent_reasons"]
+        scalars += [[f"{k} (absent)", why] for k, why in value.get("absent_reasons", {}).items()]
+        if scalars:
+            yield (title, ["key", "value"], scalars)
+        for k, v in value.items():
+            if isinstance(v, (dict, list)) and k != "absent_reasons":
+                yield from _generic_blocks(f"{title}: {k}", v)
+    elif isinstance(value, list):
+        if value:
+            yield (title, ["value"], [[_cell(v)] for v in value])
+    else:
+        yield (title, ["value"], [[_cell(value)]])
+
+
+_RESERVED = ("summary_version", "run", "ranks", "findings", "absent_reasons")
+
+
+def blocks(doc: dict[str, Any]) -> Iterator[Block]:
+    """The whole summary as blocks, in document order; findings last."""
+    for rank in doc.get("ranks") or []:
+        yield from _rank_blocks(rank)
+    for key, value in doc.items():
+        if key in _RESERVED:
+            continue
+        if value is None:
+            yield (key, ["absent"], [[doc.get("absent_reasons", {}).get(key, "")]])
+        else:
+            yield from _generic_blocks(key, value)
+    findings = doc.get("findings") or []
+    yield ("findings", ["severity", "rule", "finding"],
+           [[f["severity"], f["rule"], f["message"]] for f in findings] or [["-", "-", "no findings"]])
+
+
+def _text_table(cols: list[str], rows: list[list[str]], width: int = 70) -> list[str]:
+    rows = [[c[:width] for c in row] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(cols)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return [line(cols), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def render_table(doc: dict[str, Any]) -> str:
+    """Plain-text rendering for the terminal."""
+    out = [f"run {doc['run']}"]
+    for title, cols, rows in blocks(doc):
+        out += ["", title, *_text_table(cols, rows)]
+    return "\n".join(out)
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    """Markdown rendering (for CI comments and reports)."""
+    out = [f"# stepscope summary: run `{doc['run']}`"]
+    for title, cols, rows in blocks(doc):
+        out += ["", f"## {_md_escape(title)}", "",
+                "| " + " | ".join(_md_escape(c) for c in cols) + " |",
+                "|" + "|".join("---" for _ in cols) + "|"]
+        out += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
