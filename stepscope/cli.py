@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "sql": "Run read-only SQL over the store's views.",
     "summary": "Where each step's time goes, per rank: breakdown, totals, kernels, findings.",
     "demo": "Ingest the bundled sample traces into a local store and show what they hold.",
+    "dashboard": "Serve the web dashboard on a store (Streamlit, 127.0.0.1 by default).",
     "compare": "Compare two runs against budgets (exit 0 pass, 1 regression, 4 inconclusive).",
     "accept": "Accept a run's intended change: keep the reason and make it the baseline.",
     "baseline": "Name the run that comparisons start from, per branch or tag.",

@@ -1,4 +1,5 @@
-"""``stepscope demo``: ingest the bundled sample traces into a local store and show what they hold.
+"""``stepscope demo``: ingest the bundled sample traces into a local store, show what they hold,
+and open the dashboard on it (``--no-dashboard``: print only).
 
 Each folder under ``sample_traces/`` is one run (its files are the ranks). Ingest is idempotent,
 so running the demo twice reuses the store.
@@ -27,6 +28,11 @@ ORDER BY run, rank, summed_ms DESC
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", type=Path, default=Path(".stepscope-demo"), help="store folder")
     parser.add_argument("--traces", type=Path, default=SAMPLE_TRACES, help="folder of sample runs")
+    parser.add_argument("--no-dashboard", action="store_true",
+                        help="only print what the store holds; do not start the dashboard")
+    from stepscope.commands.dashboard import add_server_arguments
+
+    add_server_arguments(parser)
 
 
 def sample_runs(traces: Path) -> list[Path]:
@@ -53,4 +59,8 @@ def run(args: argparse.Namespace) -> int:
         print("\nTime by category, per rank (event durations summed; nested or parallel events overlap)\n")
         print(to_text(store.sql(TIME_BY_CATEGORY)))
     print(f"\nStore: {args.store.resolve()}  (try: stepscope sql \"SELECT * FROM steps\" --store {args.store})")
-    return 0
+    if args.no_dashboard:
+        return 0
+    from stepscope.commands.dashboard import serve
+
+    return serve(args.store, args.host, args.port)

@@ -1,0 +1,208 @@
+"""The dashboard's only door to numbers: cached calls into ``stepscope.analysis``.
+
+Pages never query events themselves. They ask :func:`analysis` for a named analysis function;
+its result is computed once per (store, run, sources fingerprint, arguments) and kept by
+``st.cache_data``, so a rerun, a filter change or a second visitor reads the cached aggregate
+instead of raw events. The fingerprint is the run's list of committed sources: ingesting
+another rank into the run changes it, and the next render recomputes.
+
+A function the analysis layer does not provide (yet) comes back as :class:`Absent` with the
+name that was looked for, the analysis layer's own convention for a figure that cannot be
+shown, so a page keeps working and says what is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from stepscope.analysis.absent import Absent
+from stepscope.store.catalog import Store
+
+NOT_AVAILABLE = "not available yet: stepscope.analysis has no {name}"
+
+
+class StoreProblem(Exception):
+    """The store cannot be shown (missing, empty, too new): the message is for the user."""
+
+
+@st.cache_resource(show_spinner=False)
+def _open(root: str, read_only_sql: bool) -> Store:
+    from stepscope.store import open_store
+
+    return open_store(root, read_only_sql=read_only_sql)
+
+
+def store_for(root: str, *, read_only_sql: bool = False) -> Store:
+    """The shared, cached ``Store`` of ``root`` (one DuckDB connection per mode per server)."""
+    return _open(root, read_only_sql)
+
+
+@st.cache_data(show_spinner=False, ttl=5)
+def runs_table(root: str) -> Any:
+    """The store's ``runs`` view plus each run's sources fingerprint (cached a few seconds, so a
+    new ingest shows up without a restart)."""
+    store = store_for(root)
+    return store.df(
+        """
+        SELECT r.run, r.name, r.created_at, r.ranks, r.world_size, r.backend, r.gpu_name, r.gpu_count,
+               r.trace_schema_version, r.events, r.tags, f.rank_list, f.fingerprint,
+               s.first_step, s.last_step
+        FROM runs r JOIN (
+            SELECT run, list(DISTINCT rank ORDER BY rank) AS rank_list,
+                   string_agg(rank || ':' || source, ',' ORDER BY rank, source) AS fingerprint
+            FROM sources GROUP BY run
+        ) f USING (run)
+        LEFT JOIN (SELECT run, min(step) AS first_step, max(step) AS last_step FROM steps GROUP BY run) s
+          USING (run)
+        ORDER BY r.created_at, r.run
+        """
+    )
+
+
+def open_checked(root: str | None) -> tuple[str, Any]:
+    """``(root, runs)`` for a store that can be shown; raises :class:`StoreProblem` otherwise."""
+    from stepscope.errors import StepscopeError
+
+    if not root:
+        raise StoreProblem("No store given: start the dashboard with `stepscope dashboard --store DIR`.")
+    path = Path(root)
+    if not path.is_dir():
+        raise StoreProblem(f"{root}: no such store. Ingest traces first: "
+                           f"`stepscope ingest TRACES --store {root} --run NAME`.")
+    try:
+        runs = runs_table(str(path.resolve()))
+    except StepscopeError as exc:
+        raise StoreProblem(str(exc)) from exc
+    if runs.empty:
+        raise StoreProblem(f"{root}: the store holds no runs yet. Ingest traces first: "
+                           f"`stepscope ingest TRACES --store {root} --run NAME`.")
+    return str(path.resolve()), runs
+
+
+def _resolve(name: str) -> Callable[..., Any] | None:
+    """``"breakdown.step_breakdown"`` -> the function, or None when the analysis layer lacks it."""
+    module_name, _, attr = name.rpartition(".")
+    try:
+        module = importlib.import_module(f"stepscope.analysis.{module_name}")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("stepscope.analysis"):
+            return None
+        raise
+    func = getattr(module, attr, None)
+    return func if callable(func) else None
+
+
+def available(name: str) -> bool:
+    """Whether ``stepscope.analysis.<name>`` exists (for pages that offer a choice)."""
+    return _resolve(name) is not None
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def _compute(root: str, run: str, fingerprint: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
+    """One analysis result; ``fingerprint`` is part of the cache key only.
+
+    ``section:<name>`` computes a registered summary section (all ranks) instead of a function.
+    """
+    if name.startswith("section:"):
+        from stepscope.analysis.sections import SECTIONS, load_modules
+
+        load_modules()
+        return SECTIONS[name.split(":", 1)[1]].compute(store_for(root), run, None)
+    func = _resolve(name)
+    assert func is not None
+    return func(store_for(root), run, **dict(kwargs))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _compare(root: str, baseline: str, baseline_fp: str, candidate: str, candidate_fp: str) -> Any:
+    """``compare.compare_runs`` of two runs of the store; the fingerprints key the cache only."""
+    from stepscope.analysis.compare.comparison import compare_runs
+
+    store = store_for(root)
+    return compare_runs(store, baseline, store, candidate)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every page needs: the store, the chosen runs and the filters."""
+
+    root: str
+    runs: Any
+    run: str
+    baseline: str | None
+    ranks: tuple[int, ...]
+    all_ranks: tuple[int, ...]
+    steps: tuple[int, int] | None
+
+    def fingerprint(self, run: str) -> str:
+        row = self.runs.loc[self.runs["run"] == run, "fingerprint"]
+        return str(row.iloc[0]) if len(row) else ""
+
+    def analysis(self, name: str, *, run: str | None = None, **kwargs: Any) -> Any:
+        """``stepscope.analysis.<name>(store, run, **kwargs)``, cached; :class:`Absent` when the
+        analysis layer has no such function."""
+        if _resolve(name) is None:
+            return Absent(NOT_AVAILABLE.format(name=name))
+        run = run or self.run
+        return _compute(self.root, run, self.fingerprint(run), name, tuple(sorted(kwargs.items())))
+
+    def section(self, name: str, *, run: str | None = None) -> Any:
+        """The summary section ``name`` of the run (all ranks), cached; :class:`Absent` when no
+        such section is registered."""
+        from stepscope.analysis.sections import SECTIONS, load_modules
+
+        load_modules()
+        if name not in SECTIONS:
+            return Absent(NOT_AVAILABLE.format(name=f"section {name!r}"))
+        run = run or self.run
+        return _compute(self.root, run, self.fingerprint(run), f"section:{name}", ())
+
+    def findings(self, *, run: str | None = None) -> list[Any]:
+        """Every finding of the run: the analysis layer's rules over the cached sections."""
+        from stepscope.analysis.findings import evaluate
+        from stepscope.analysis.sections import all_sections
+
+        return evaluate({s.name: self.section(s.name, run=run) for s in all_sections()})
+
+    def compare(self) -> Any:
+        """The run against the baseline (``compare.comparison.compare_runs``), cached."""
+        if _resolve("compare.comparison.compare_runs") is None:
+            return Absent(NOT_AVAILABLE.format(name="compare.comparison.compare_runs"))
+        if self.baseline is None:
+            return Absent("no baseline chosen: pick one in the sidebar")
+        return _compare(self.root, self.baseline, self.fingerprint(self.baseline), self.run,
+                        self.fingerprint(self.run))
+
+    @property
+    def store(self) -> Store:
+        return store_for(self.root)
+
+
+def context() -> Context:
+    """The page context that ``app.py`` put in the session before running the page."""
+    ctx = st.session_state.get("ctx")
+    if not isinstance(ctx, Context):
+        st.error("Open the dashboard through its main page (`stepscope dashboard --store DIR`).")
+        st.stop()
+    return ctx
+
+
+def store_root_from_argv(argv: list[str]) -> str | None:
+    """The ``--store DIR`` given after ``--`` on the ``streamlit run`` command line.
+
+    The store comes only from the command line (or ``STEPSCOPE_STORE`` set by whoever started
+    the server), never from the URL: a visitor cannot point the app at another folder.
+    """
+    for i, arg in enumerate(argv):
+        if arg == "--store" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--store="):
+            return arg.split("=", 1)[1]
+    return os.environ.get("STEPSCOPE_STORE")

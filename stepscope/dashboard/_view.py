@@ -1,0 +1,80 @@
+"""Rendering helpers shared by the pages: absence notes, unit columns, tables, Altair defaults.
+
+Unit conversion (ns -> ms, bytes -> GiB) is presentation: the values are the analysis layer's,
+divided by a constant so that axes read in ms, GB/s and GiB.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import altair as alt
+import pyarrow as pa
+import streamlit as st
+
+from stepscope.analysis.absent import Absent
+
+NS_PER_MS = 1e6
+GIB = 1024**3
+MB = 1e6
+
+PART_COLORS = {
+    "compute": "#4C78A8",
+    "exposed communication": "#E45756",
+    "exposed H2D copies": "#F58518",
+    "exposed D2H copies": "#EECA3B",
+    "exposed D2D copies": "#B279A2",
+    "exposed other copies": "#9D755D",
+    "exposed memset": "#BAB0AC",
+    "idle": "#D3D3D3",
+}
+"""Breakdown part label -> colour, so a part has the same colour on every page."""
+
+
+def shown(value: Any, what: str = "") -> bool:
+    """True when ``value`` can be drawn; otherwise say why (an :class:`Absent`) and return False."""
+    if isinstance(value, Absent):
+        st.info(f"{what + ': ' if what else ''}{value.reason}", icon=":material/info:")
+        return False
+    return True
+
+
+def frame(value: Any) -> Any:
+    """An analysis table as pandas (Arrow tables convert once, here)."""
+    if isinstance(value, pa.Table):
+        return value.to_pandas()
+    return value
+
+
+def with_units(df: Any, columns: dict[str, tuple[str, float]]) -> Any:
+    """A copy of ``df`` with ``new = df[old] / divisor`` for each ``new: (old, divisor)``."""
+    out = df.copy()
+    for new, (old, divisor) in columns.items():
+        if old in out.columns:
+            out[new] = out[old] / divisor
+    return out
+
+
+def ns_to_ms(df: Any) -> Any:
+    """Add ``<x>_ms`` next to every ``<x>_ns`` column."""
+    return with_units(df, {c[:-3] + "_ms": (c, NS_PER_MS) for c in df.columns if c.endswith("_ns")})
+
+
+def data_table(df: Any, caption: str | None = None, *, hide_ns: bool = True, height: int | None = None) -> None:
+    """The exact numbers behind a chart. ``*_ns`` columns are hidden when an ``*_ms`` twin exists."""
+    if hide_ns:
+        df = df[[c for c in df.columns if not (c.endswith("_ns") and c[:-3] + "_ms" in df.columns)]]
+    if caption:
+        st.caption(caption)
+    kwargs = {"height": height} if height else {}
+    st.dataframe(df, hide_index=True, width="stretch", **kwargs)
+
+
+def chart(spec: alt.TopLevelMixin) -> None:
+    """Draw an Altair chart across the page."""
+    st.altair_chart(spec, width="stretch")
+
+
+def step_axis(df: Any) -> alt.X:
+    """Steps as ordered categories (``ProfilerStep`` numbers, gaps allowed)."""
+    return alt.X("step:O", title="step", axis=alt.Axis(labelAngle=0))

@@ -1,0 +1,110 @@
+"""Overview: what each step's time went to, per rank and per step, and the run's findings."""
+
+from __future__ import annotations
+
+import altair as alt
+import streamlit as st
+
+from stepscope.dashboard._data import context
+from stepscope.dashboard._filters import select
+from stepscope.dashboard._view import NS_PER_MS, PART_COLORS, chart, data_table, frame, ns_to_ms, shown
+
+PARTS = {
+    "compute_ns": "compute",
+    "comm_exposed_ns": "exposed communication",
+    "memcpy_h2d_exposed_ns": "exposed H2D copies",
+    "memcpy_d2h_exposed_ns": "exposed D2H copies",
+    "memcpy_d2d_exposed_ns": "exposed D2D copies",
+    "memcpy_other_exposed_ns": "exposed other copies",
+    "memset_exposed_ns": "exposed memset",
+    "idle_ns": "idle",
+}
+"""``step_breakdown`` columns (disjoint, summing to the step) -> legend label."""
+
+SEVERITY_ICON = {"critical": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
+
+ctx = context()
+st.title(f"Overview: {ctx.run}")
+
+# Headline: HTA-style whole-trace totals per rank.
+totals = ctx.analysis("breakdown.rank_totals")
+if shown(totals, "GPU totals"):
+    totals = ns_to_ms(select(frame(totals), ctx))
+    if len(totals) == 1 and totals["absent_reason"].isna().all():
+        row = totals.iloc[0]
+        cols = st.columns(5)
+        cols[0].metric("GPU span (ms)", f"{row['gpu_span_ms']:,.2f}")
+        cols[1].metric("GPU busy (ms)", f"{row['gpu_busy_ms']:,.2f}")
+        cols[2].metric("compute (ms)", f"{row['compute_ms']:,.2f}")
+        cols[3].metric("GPU idle (ms)", f"{row['gpu_idle_ms']:,.2f}")
+        overlap = row["comm_comp_overlap_pct"]
+        cols[4].metric("comm. hidden under compute (%)", "n/a" if overlap != overlap else f"{overlap:.1f}",
+                       help=row["overlap_absent_reason"] or None)
+    with st.expander("Whole-trace GPU totals per rank (HTA definitions)", expanded=len(totals) > 1):
+        data_table(totals)
+
+# Findings.
+st.subheader("Findings")
+findings = [f for f in ctx.findings() if f.evidence.get("rank") in (None, *ctx.ranks)]
+if not findings:
+    st.success("No rule fired for the selected ranks.", icon=":material/check:")
+for f in findings:
+    with st.expander(f"{f.message}", icon=SEVERITY_ICON.get(f.severity.value)):
+        st.caption(f"rule `{f.rule}` ({f.severity.value})")
+        st.json(dict(f.evidence))
+
+# Step breakdown.
+st.subheader("Where each step's GPU time goes")
+steps = ctx.analysis("breakdown.step_breakdown")
+if shown(steps, "Step breakdown"):
+    steps = select(frame(steps), ctx)
+    if steps.empty:
+        st.info("No steps of the selected ranks fall in the step range.")
+    else:
+        long = steps.melt(id_vars=["rank", "step", "dur_ns"], value_vars=list(PARTS), var_name="part_col",
+                          value_name="ns")
+        long["part"] = long["part_col"].map(PARTS)
+        long["ms"] = long["ns"] / NS_PER_MS
+        long["step_ms"] = long["dur_ns"] / NS_PER_MS
+        color = alt.Color("part:N", title="part", sort=list(PART_COLORS),
+                          scale=alt.Scale(domain=list(PART_COLORS), range=list(PART_COLORS.values())))
+        order = alt.Order("order:Q")
+        long["order"] = long["part_col"].map({c: i for i, c in enumerate(PARTS)})
+        tooltip = [alt.Tooltip("rank:O"), alt.Tooltip("step:O"), alt.Tooltip("part:N"),
+                   alt.Tooltip("ms:Q", title="time (ms)", format=",.3f"),
+                   alt.Tooltip("step_ms:Q", title="step (ms)", format=",.3f")]
+        left, right = st.columns(2)
+        with left:
+            rank = st.selectbox("Rank, every step", sorted(steps["rank"].unique()), key="overview_rank")
+            data = long[long["rank"] == rank]
+            chart(alt.Chart(data, title=f"rank {rank}: every step").mark_bar().encode(
+                x=alt.X("step:O", title="step", axis=alt.Axis(labelAngle=0)),
+                y=alt.Y("ms:Q", title="time (ms)", stack="zero"), color=color, order=order, tooltip=tooltip,
+            ).properties(height=320))
+        with right:
+            step = st.selectbox("Step, every rank", sorted(steps["step"].unique()), key="overview_step")
+            data = long[long["step"] == step]
+            n_ranks = data["rank"].nunique()
+            chart(alt.Chart(data, title=f"step {step}: every rank").mark_bar().encode(
+                x=alt.X("rank:O", title="rank", axis=alt.Axis(labelAngle=0, labelOverlap=True)),
+                y=alt.Y("ms:Q", title="time (ms)", stack="zero"), color=color, order=order, tooltip=tooltip,
+            ).properties(height=320))
+            if n_ranks > 64:
+                st.caption(f"{n_ranks} ranks: hover a bar for its rank.")
+        with st.expander("Step breakdown table (ms)"):
+            data_table(ns_to_ms(steps))
+
+# Step time over the whole run (collector's step timer).
+st.subheader("Step time over the whole run")
+times = ctx.analysis("steps.step_times")
+if shown(times, "Step times"):
+    times = ns_to_ms(select(frame(times), ctx, step=None))
+    chart(alt.Chart(times).mark_line(point=True).encode(
+        x=alt.X("step:Q", title="step"),
+        y=alt.Y("wall_ms:Q", title="step time (ms)"),
+        color=alt.Color("rank:N", title="rank"),
+        tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("step:Q"), alt.Tooltip("wall_ms:Q", title="wall (ms)", format=",.3f"),
+                 alt.Tooltip("profiled:N")],
+    ).properties(height=280))
+    with st.expander("Step times table (ms)"):
+        data_table(times)

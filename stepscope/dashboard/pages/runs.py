@@ -1,0 +1,42 @@
+"""Runs: every run in the store with its metadata, and each rank's trace for Perfetto."""
+
+from __future__ import annotations
+
+import gzip
+
+import streamlit as st
+
+from stepscope.dashboard._data import context
+from stepscope.dashboard._view import data_table
+
+ctx = context()
+st.title("Runs")
+st.caption("Pick the run (and a baseline to compare against) in the sidebar; every page follows it.")
+
+runs = ctx.runs.drop(columns=["fingerprint", "rank_list"]).rename(columns={"name": "run name"})
+data_table(runs)
+
+st.subheader(f"Traces of {ctx.run}")
+st.caption("Each rank's trace, to open in [Perfetto](https://ui.perfetto.dev): the file it was "
+           "ingested from when it is still there unchanged, else rebuilt from the store.")
+
+
+def _trace_bytes(run: str, rank: int) -> bytes:
+    """The original file when unchanged, else an export of the stored events (gzipped JSON)."""
+    from stepscope.store.export import export_chrome_trace, original_trace
+
+    original = original_trace(ctx.store, run, rank)
+    if original is not None:
+        data = original.read_bytes()
+        return data if data[:2] == b"\x1f\x8b" else gzip.compress(data, compresslevel=1)
+    return gzip.compress(export_chrome_trace(ctx.store, run, rank), compresslevel=1)
+
+
+columns = st.columns(min(len(ctx.ranks), 8) or 1)
+for i, rank in enumerate(ctx.ranks):
+    with columns[i % len(columns)]:
+        st.download_button(
+            f"rank {rank}", data=lambda rank=rank: _trace_bytes(ctx.run, rank),
+            file_name=f"{ctx.run}-rank{rank}.pt.trace.json.gz", mime="application/gzip",
+            key=f"trace:{ctx.run}:{rank}", icon=":material/download:", on_click="ignore",
+        )
