@@ -15,6 +15,10 @@ Two timings come out of one child:
 - ``work_s``: for Python snippets, the time the child measured around the work alone, after
   its imports (``run_snippet``'s ``setup`` runs first and is not counted).
 
+Each comes with its CPU time (user + system; ``cpu_s`` for the whole process from ``wait4``,
+``work_cpu_s`` from the child's ``process_time``): on a shared machine wall times swing with
+other people's load, CPU times much less, so benchmarks print both.
+
 Usage from a benchmark script (benchmarks/ is on sys.path when the script runs)::
 
     from _measure import run_snippet, run_process, median_measurement
@@ -49,11 +53,12 @@ _setup, _work, _out = sys.argv[1:4]
 _ns = {"__name__": "__measured__"}
 exec(compile(_setup, "<setup>", "exec"), _ns)
 _setup_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-_t0 = time.perf_counter()
+_c0, _t0 = time.process_time(), time.perf_counter()
 exec(compile(_work, "<work>", "exec"), _ns)
-_work_s = time.perf_counter() - _t0
+_work_s, _work_cpu_s = time.perf_counter() - _t0, time.process_time() - _c0
 with open(_out, "w") as _f:
-    json.dump({"work_s": _work_s, "setup_rss_kib": _setup_rss, "result": _ns.get("RESULT")}, _f)
+    json.dump({"work_s": _work_s, "work_cpu_s": _work_cpu_s, "setup_rss_kib": _setup_rss,
+               "result": _ns.get("RESULT")}, _f)
 """
 
 
@@ -68,7 +73,9 @@ class Measurement:
     label: str
     wall_s: float
     peak_rss_bytes: int
+    cpu_s: float | None = None
     work_s: float | None = None
+    work_cpu_s: float | None = None
     setup_rss_bytes: int | None = None
     result: object = None
 
@@ -115,7 +122,8 @@ def run_process(
                       f"measuring process's own peak ({parent_peak_kib / 1024:.0f} MiB) and may be "
                       "inherited from it; keep the measuring process small", stacklevel=2)
     # Linux reports ru_maxrss in KiB.
-    return Measurement(label=label, wall_s=wall_s, peak_rss_bytes=usage.ru_maxrss * 1024)
+    return Measurement(label=label, wall_s=wall_s, peak_rss_bytes=usage.ru_maxrss * 1024,
+                       cpu_s=usage.ru_utime + usage.ru_stime)
 
 
 def run_snippet(
@@ -143,7 +151,9 @@ def run_snippet(
         label=label,
         wall_s=proc.wall_s,
         peak_rss_bytes=proc.peak_rss_bytes,
+        cpu_s=proc.cpu_s,
         work_s=reported["work_s"],
+        work_cpu_s=reported["work_cpu_s"],
         setup_rss_bytes=reported["setup_rss_kib"] * 1024,
         result=reported["result"],
     )
@@ -164,7 +174,9 @@ def median_measurement(samples: Sequence[Measurement]) -> Measurement:
         label=first.label,
         wall_s=float(med(lambda m: m.wall_s) or 0.0),
         peak_rss_bytes=int(med(lambda m: m.peak_rss_bytes) or 0),
+        cpu_s=med(lambda m: m.cpu_s),
         work_s=med(lambda m: m.work_s),
+        work_cpu_s=med(lambda m: m.work_cpu_s),
         setup_rss_bytes=None if setup_rss is None else int(setup_rss),
         result=first.result,
     )

@@ -301,11 +301,12 @@ def report(bench: Bench, name: str) -> None:
     for row in bench.rows.values():
         m = row.median
         if m is None:
-            rows.append([row.label, None, None, None, row.skipped])
+            rows.append([row.label, None, None, None, None, None, row.skipped])
         else:
-            rows.append([row.label, _fmt(m.work_s), _fmt(m.wall_s), _fmt(m.peak_rss_mb, 0),
-                         _note(m.result)])
-    print(format_table(["thing", "in-process s", "whole process s", "peak RSS MB", "note"], rows))
+            rows.append([row.label, _fmt(m.work_s), _fmt(m.work_cpu_s), _fmt(m.wall_s),
+                         _fmt(m.cpu_s), _fmt(m.peak_rss_mb, 0), _note(m.result)])
+    print(format_table(["thing", "in-process s", "(CPU s)", "whole process s", "(CPU s)",
+                        "peak RSS MB", "note"], rows))
 
     def med(label: str) -> Measurement | None:
         return bench.rows[label].median
@@ -335,19 +336,26 @@ def report(bench: Bench, name: str) -> None:
     no_hta = bench.rows[HTA_IN_PROCESS].skipped or no_ing
 
     def ratio_line(label: str, num: float | None, den: float | None, target: float,
-                   at_least: bool, why_missing: str) -> None:
+                   at_least: bool, why_missing: str, cpu: tuple[float | None, float | None]
+                   = (None, None)) -> None:
         if num is None or den is None or den == 0:
             print(f"{label}: n/a ({why_missing})")
-        else:
-            print(verdict(label, num / den, target, at_least=at_least))
+            return
+        line = verdict(label, num / den, target, at_least=at_least)
+        if cpu[0] is not None and cpu[1]:
+            line += f"  [in CPU time: {cpu[0] / cpu[1]:.2f}x]"
+        print(line)
 
+    floor_cpu = next((m.work_cpu_s for c in FLOOR_CANDIDATES
+                      if c.label == floor_label and (m := med(c.label)) is not None), None)
     ratio_line("in-process speed: HTA load / stepscope ingest", hta_in and hta_in.work_s,
-               ing and ing.work_s, TARGET_INPROC_VS_HTA, True, no_hta)
+               ing and ing.work_s, TARGET_INPROC_VS_HTA, True, no_hta,
+               (hta_in and hta_in.work_cpu_s, ing and ing.work_cpu_s))
     ratio_line("in-process: stepscope ingest / floor", ing and ing.work_s, floor_s,
-               TARGET_INPROC_VS_FLOOR, False, no_ing)
+               TARGET_INPROC_VS_FLOOR, False, no_ing, (ing and ing.work_cpu_s, floor_cpu))
     ratio_line("whole process speed: HTA python -c / stepscope ingest CLI",
                hta_proc and hta_proc.wall_s, cli and cli.wall_s, TARGET_PROCESS_VS_HTA, True,
-               no_hta)
+               no_hta, (hta_proc and hta_proc.cpu_s, cli and cli.cpu_s))
     ratio_line("peak RSS, whole process: stepscope CLI / HTA", cli and cli.peak_rss_bytes,
                hta_proc and hta_proc.peak_rss_bytes, TARGET_RSS_VS_HTA, False, no_hta)
     ratio_line("peak RSS, in-process: stepscope ingest_paths / HTA load",
@@ -387,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         hta_python, hta_note = None, f"{find_hta_python()} cannot import hta.trace_analysis"
     print(f"stepscope ingest benchmark: {args.repeat} run(s) per thing, medians; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; python {sys.executable}")
+    print("Targets are on wall time; CPU times (user + system) are shown too because they move "
+          "less when the machine is shared.")
     print(f"HTA: {hta_python}" if hta_python else f"HTA: skipped ({hta_note})")
     available = [c for c in FLOOR_CANDIDATES if _importable(c.module)]
 
@@ -396,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.run(available)
         report(bench, name)
         failures += bench.failures
+    print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
     for failure in failures:
         print(f"\nFAILED: {failure}", file=sys.stderr)
     return 1 if failures else 0
