@@ -1,0 +1,425 @@
+"""Memory: the allocator's timeline, the peak of each step, what is live at it, and by whom.
+
+Everything comes from the ``[memory]`` events that ``profile_memory=True`` records (the store's
+``memory`` table) and, when the collector recorded them, ``memory_roles`` and
+``memory_snapshot``. Definitions (docs/ANALYSIS.md, "Memory"):
+
+- ``total_allocated`` / ``total_reserved`` are the allocator's own counters after each event,
+  per device (``device_type`` 0 CPU, 1 CUDA, as recorded).
+- A step's peak is its event with the largest ``total_allocated`` (the earliest on ties), the
+  step being the ``ProfilerStep`` the event falls in. ``capacity_bytes`` is the traced GPU's
+  ``totalGlobalMem`` (CUDA devices only).
+- An *allocation* is an event with ``bytes > 0``; it is freed by the next event at the same
+  ``addr`` on the same device when that one has ``bytes < 0``; it is live at ``t`` when it was
+  allocated at or before ``t`` and not freed by then. Allocations made before the trace began
+  have no event: ``untracked_bytes`` is the part of ``total_allocated`` that no recorded
+  allocation explains.
+- Roles: an allocation belongs to a ``memory_roles`` role (parameter, gradient, optimizer state)
+  when its ``addr`` lies in the role's ``[addr, addr + bytes)`` on the same device and it was
+  still live at the end of the step the role was observed at (the end of the trace when the
+  role's step is null); otherwise it is ``other`` (activations and temporaries).
+- The op that made an allocation, and the ops live at a peak, are the host ops (``cpu_op``,
+  ``user_annotation``) on the ``[memory]`` event's thread that enclose it, outermost first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from stepscope.analysis._sql import rank_filter
+from stepscope.analysis.absent import Absent, Maybe
+from stepscope.analysis.findings import Finding, Results, Severity, rule
+from stepscope.analysis.phase import phase_cte
+from stepscope.analysis.sections import SQLStore, section
+
+NO_MEMORY_EVENTS = "no [memory] events in this rank's trace (record with profile_memory=True)"
+NO_ROLES = "no memory roles recorded (the collector records them when given model= / optimizer=)"
+NO_SNAPSHOT = "no CUDA memory snapshot recorded (the collector takes one on CUDA only)"
+
+
+def _params(run: str, ranks: Sequence[int] | None, column: str = "rank") -> tuple[str, dict[str, object]]:
+    predicate, params = rank_filter(ranks, column)
+    return predicate, {"run": run, **params}
+
+
+def memory_timeline(store: SQLStore, run: str, ranks: Sequence[int] | None = None,
+                    *, max_points: int | None = 2000) -> pa.Table:
+    """Allocated and reserved bytes over time, per rank and device.
+
+    With ``max_points``, each (rank, device) series is cut into that many equal time buckets
+    and each bucket keeps its maximum allocated and reserved (so no peak is lost), at the time
+    of its maximum allocation. ``None`` returns every event.
+    """
+    ranks_sql, params = _params(run, ranks)
+    if max_points is None:
+        query = f"""
+SELECT run, rank, device_type, device, ts_ns, total_allocated, total_reserved
+FROM memory WHERE run = $run AND {ranks_sql}
+ORDER BY rank, device_type, device, ts_ns"""
+        return store.sql(query, params)
+    query = f"""
+WITH m AS (
+  SELECT *, min(ts_ns) OVER s AS t_first, max(ts_ns) OVER s AS t_last
+  FROM memory WHERE run = $run AND {ranks_sql}
+  WINDOW s AS (PARTITION BY rank, device_type, device)
+),
+b AS (
+  SELECT *, CASE WHEN t_last = t_first THEN 0
+                 ELSE least($n - 1, ((ts_ns - t_first) * $n) // (t_last - t_first + 1)) END AS bucket
+  FROM m
+)
+SELECT any_value(run) AS run, rank, device_type, device, arg_max(ts_ns, total_allocated) AS ts_ns,
+       max(total_allocated) AS total_allocated, max(total_reserved) AS total_reserved
+FROM b GROUP BY rank, device_type, device, bucket
+ORDER BY rank, device_type, device, ts_ns"""
+    return store.sql(query, {**params, "n": int(max_points)})
+
+
+_ALLOCS_CTES = """
+mem AS MATERIALIZED (
+  SELECT row_number() OVER (ORDER BY rank, source, ts_ns, addr, bytes) AS mid, *
+  FROM memory WHERE run = $run AND {ranks_sql}
+),
+allocs AS MATERIALIZED (
+  SELECT * FROM (
+    SELECT mid, run, rank, source, device_type, device, step, addr, bytes, ts_ns AS alloc_ts_ns,
+           CASE WHEN lead(bytes) OVER w < 0 THEN lead(ts_ns) OVER w END AS free_ts_ns
+    FROM mem
+    WINDOW w AS (PARTITION BY source, device_type, device, addr ORDER BY ts_ns, mid)
+  ) WHERE bytes > 0
+)"""
+
+
+def _threads_cte(points: str, out: str) -> str:
+    """CTE ``out(point_id, source, pid, tid, ts_ns, end_ns)``: the thread of each ``[memory]``
+    event of CTE ``points(point_id, source, ts_ns, bytes, device)``, matched in ``events``."""
+    return f"""
+{out} AS (
+  SELECT p.point_id, p.source, any_value(e.pid) AS pid, any_value(e.tid) AS tid,
+         p.ts_ns, p.ts_ns AS end_ns
+  FROM {points} p JOIN events e
+    ON e.kind = 'memory' AND e.source = p.source AND e.ts_ns = p.ts_ns AND e.bytes = p.bytes
+   AND e.device IS NOT DISTINCT FROM p.device
+  GROUP BY p.point_id, p.source, p.ts_ns
+)"""
+
+
+def _stack_cte(threads: str, out: str) -> str:
+    """CTE ``out(point_id, ops)``: host ops enclosing each point of ``threads``, outermost first."""
+    return f"""
+{out} AS (
+  SELECT t.point_id, list(h.name ORDER BY h.ts_ns, h.dur_ns DESC) AS ops
+  FROM {threads} t JOIN events h
+    ON h.source = t.source AND h.pid = t.pid AND h.tid = t.tid
+   AND h.kind IN ('cpu_op', 'user_annotation') AND h.dur_ns IS NOT NULL
+   AND h.ts_ns <= t.ts_ns AND h.ts_ns + h.dur_ns >= t.ts_ns
+   AND h.name NOT LIKE 'ProfilerStep#%'
+  GROUP BY t.point_id
+)"""
+
+
+def step_peaks(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
+    """Per rank, device and step: the peak of allocated memory, when it happened, reserved
+    memory, the share of the device's capacity, the phase and the host ops live at the peak.
+
+    Events outside every ``ProfilerStep`` form the row with a null step.
+    """
+    ranks_sql, params = _params(run, ranks)
+    query = f"""
+WITH mem AS (
+  SELECT row_number() OVER (ORDER BY rank, source, ts_ns, addr, bytes) AS mid, *
+  FROM memory WHERE run = $run AND {ranks_sql}
+),
+ranked AS (
+  SELECT *, row_number() OVER w_desc AS rn,
+         max(total_reserved) OVER w AS peak_reserved_bytes, min(total_allocated) OVER w AS min_allocated_bytes,
+         count(*) OVER w AS events
+  FROM mem
+  WINDOW w AS (PARTITION BY rank, device_type, device, step),
+         w_desc AS (PARTITION BY rank, device_type, device, step ORDER BY total_allocated DESC, ts_ns, mid)
+),
+peaks AS MATERIALIZED (
+  SELECT mid AS point_id, run, rank, source, device_type, device, step, events, bytes,
+         total_allocated AS peak_allocated_bytes, ts_ns AS peak_ts_ns, peak_reserved_bytes, min_allocated_bytes
+  FROM ranked WHERE rn = 1
+),
+peak_points AS (SELECT point_id, source, peak_ts_ns AS ts_ns, bytes, device FROM peaks),
+{_threads_cte('peak_points', 'peak_threads')},
+{_stack_cte('peak_threads', 'peak_stack')},
+{phase_cte('peak_threads', 'peak_phase')},
+cap AS (SELECT source, gpu_memory_bytes FROM sources WHERE run = $run)
+SELECT p.run, p.rank, p.device_type, p.device, p.step, p.events, p.peak_allocated_bytes, p.peak_ts_ns,
+       p.peak_reserved_bytes, p.min_allocated_bytes,
+       CASE WHEN p.device_type = 1 THEN c.gpu_memory_bytes END AS capacity_bytes,
+       100.0 * p.peak_allocated_bytes / CASE WHEN p.device_type = 1 THEN c.gpu_memory_bytes END
+         AS peak_allocated_pct,
+       100.0 * p.peak_reserved_bytes / CASE WHEN p.device_type = 1 THEN c.gpu_memory_bytes END
+         AS peak_reserved_pct,
+       ph.phase, s.ops AS ops_at_peak,
+       CASE WHEN p.device_type <> 1 THEN 'host memory: no device capacity'
+            WHEN c.gpu_memory_bytes IS NULL THEN 'the trace records no device memory size (deviceProperties)'
+       END AS absent_reason
+FROM peaks p
+LEFT JOIN cap c USING (source)
+LEFT JOIN peak_phase ph USING (point_id)
+LEFT JOIN peak_stack s USING (point_id)
+ORDER BY p.rank, p.device_type, p.device, p.step NULLS LAST
+"""
+    return store.sql(query, params)
+
+
+_ROLE_CTES = """
+role_ranges AS (
+  SELECT r.source, r.role::VARCHAR AS role, r.name AS role_name, r.addr, r.addr + r.bytes AS addr_end,
+         r.device_type, r.device,
+         coalesce(s.end_ns, (SELECT max(ts_ns) FROM memory m WHERE m.source = r.source)) AS seen_ns
+  FROM memory_roles r LEFT JOIN steps s ON s.source = r.source AND s.step = r.step
+  WHERE r.run = $run
+),
+alloc_role AS (
+  SELECT a.mid, min(r.role) AS role, min(r.role_name) AS role_name
+  FROM allocs a JOIN role_ranges r
+    ON r.source = a.source AND r.device_type IS NOT DISTINCT FROM a.device_type
+   AND (r.device IS NULL OR r.device = a.device)
+   AND a.addr >= r.addr AND a.addr < r.addr_end
+   AND a.alloc_ts_ns <= r.seen_ns AND (a.free_ts_ns IS NULL OR a.free_ts_ns > r.seen_ns)
+  GROUP BY a.mid
+)"""
+
+
+_PEAK_CTE = """
+peak AS (
+  SELECT rank, device_type, device, ts_ns AS peak_ts_ns, total_allocated AS peak_allocated_bytes
+  FROM (SELECT *, row_number() OVER (PARTITION BY rank, device_type, device
+                                     ORDER BY total_allocated DESC, ts_ns, mid) AS rn FROM mem)
+  WHERE rn = 1
+)"""
+"""``peak``: each (rank, device)'s highest ``total_allocated`` event, the earliest on ties."""
+
+
+def live_at_peak(store: SQLStore, run: str, ranks: Sequence[int] | None = None, *, top: int = 20) -> pa.Table:
+    """The ``top`` largest allocations live at each (rank, device)'s highest peak: size, when
+    allocated and freed, the ops that allocated it (outermost first), and its role."""
+    ranks_sql, params = _params(run, ranks)
+    query = f"""
+WITH {_ALLOCS_CTES.format(ranks_sql=ranks_sql)},
+{_ROLE_CTES},
+{_PEAK_CTE},
+live AS (
+  SELECT a.*, p.peak_ts_ns, p.peak_allocated_bytes,
+         row_number() OVER (PARTITION BY a.rank, a.device_type, a.device ORDER BY a.bytes DESC, a.alloc_ts_ns)
+           AS size_rank
+  FROM allocs a JOIN peak p
+    ON p.rank = a.rank AND p.device_type = a.device_type AND p.device IS NOT DISTINCT FROM a.device
+  WHERE a.alloc_ts_ns <= p.peak_ts_ns AND (a.free_ts_ns IS NULL OR a.free_ts_ns > p.peak_ts_ns)
+),
+picked AS (SELECT mid AS point_id, source, alloc_ts_ns AS ts_ns, bytes, device FROM live WHERE size_rank <= $top),
+{_threads_cte('picked', 'picked_threads')},
+{_stack_cte('picked_threads', 'picked_stack')}
+SELECT l.run, l.rank, l.device_type, l.device, l.peak_ts_ns, l.peak_allocated_bytes, l.size_rank,
+       l.bytes, l.addr, l.step, l.alloc_ts_ns, l.free_ts_ns, coalesce(r.role, 'other') AS role,
+       r.role_name, s.ops AS allocated_by
+FROM live l
+LEFT JOIN alloc_role r USING (mid)
+LEFT JOIN picked_stack s ON s.point_id = l.mid
+WHERE l.size_rank <= $top
+ORDER BY l.rank, l.device_type, l.device, l.size_rank
+"""
+    return store.sql(query, {**params, "top": int(top)})
+
+
+def largest_allocations(store: SQLStore, run: str, ranks: Sequence[int] | None = None, *, top: int = 20) -> pa.Table:
+    """The ``top`` largest allocations of each (rank, device) over the whole trace, with their
+    lifetime (null ``free_ts_ns``: not freed inside the trace) and the ops that made them."""
+    ranks_sql, params = _params(run, ranks)
+    query = f"""
+WITH {_ALLOCS_CTES.format(ranks_sql=ranks_sql)},
+ranked AS (
+  SELECT *, row_number() OVER (PARTITION BY rank, device_type, device ORDER BY bytes DESC, alloc_ts_ns) AS size_rank
+  FROM allocs
+),
+picked AS (SELECT mid AS point_id, source, alloc_ts_ns AS ts_ns, bytes, device FROM ranked WHERE size_rank <= $top),
+{_threads_cte('picked', 'picked_threads')},
+{_stack_cte('picked_threads', 'picked_stack')}
+SELECT r.run, r.rank, r.device_type, r.device, r.size_rank, r.bytes, r.addr, r.step, r.alloc_ts_ns,
+       r.free_ts_ns, r.free_ts_ns - r.alloc_ts_ns AS lifetime_ns, s.ops AS allocated_by
+FROM ranked r LEFT JOIN picked_stack s ON s.point_id = r.mid
+WHERE r.size_rank <= $top
+ORDER BY r.rank, r.device_type, r.device, r.size_rank
+"""
+    return store.sql(query, {**params, "top": int(top)})
+
+
+def roles_at_peak(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
+    """Bytes live at each (rank, device)'s highest peak by role: ``parameter``, ``gradient``,
+    ``optimizer_state``, ``other`` (recorded allocations in no role) and ``untracked`` (allocated
+    before the trace began: the peak's ``total_allocated`` minus every recorded live
+    allocation). Also the bytes each role's storage holds as the collector saw it
+    (``recorded_bytes``), which covers storage allocated before the trace.
+    :class:`Absent` when no role was recorded."""
+    ranks_sql, params = _params(run, ranks)
+    roles_ranks_sql, _ = _params(run, ranks, "r.rank")
+    has_roles = store.sql(
+        f"SELECT count(*) AS n FROM memory_roles WHERE run = $run AND {ranks_sql}", params
+    ).to_pylist()[0]["n"]
+    if not has_roles:
+        return Absent(NO_ROLES)
+    query = f"""
+WITH {_ALLOCS_CTES.format(ranks_sql=ranks_sql)},
+{_ROLE_CTES},
+{_PEAK_CTE},
+live AS (
+  SELECT a.rank, a.device_type, a.device, coalesce(r.role, 'other') AS role, a.bytes
+  FROM allocs a JOIN peak p
+    ON p.rank = a.rank AND p.device_type = a.device_type AND p.device IS NOT DISTINCT FROM a.device
+  LEFT JOIN alloc_role r USING (mid)
+  WHERE a.alloc_ts_ns <= p.peak_ts_ns AND (a.free_ts_ns IS NULL OR a.free_ts_ns > p.peak_ts_ns)
+),
+by_role AS (
+  SELECT rank, device_type, device, role, sum(bytes)::BIGINT AS live_bytes, count(*) AS allocations
+  FROM live GROUP BY ALL
+),
+recorded AS (
+  SELECT r.rank, r.device_type, r.role::VARCHAR AS role, sum(r.bytes)::BIGINT AS recorded_bytes
+  FROM memory_roles r
+  WHERE r.run = $run AND {roles_ranks_sql}
+    AND r.step IS NOT DISTINCT FROM (SELECT max(step) FROM memory_roles x WHERE x.source = r.source)
+  GROUP BY ALL
+),
+untracked AS (
+  SELECT p.rank, p.device_type, p.device, 'untracked' AS role,
+         p.peak_allocated_bytes - coalesce(sum(b.live_bytes), 0)::BIGINT AS live_bytes, NULL::BIGINT AS allocations
+  FROM peak p LEFT JOIN by_role b USING (rank, device_type, device)
+  GROUP BY p.rank, p.device_type, p.device, p.peak_allocated_bytes
+)
+SELECT $run AS run, p.rank, p.device_type, p.device, p.peak_ts_ns, roles.role,
+       coalesce(u.live_bytes, 0)::BIGINT AS live_bytes,
+       CASE WHEN roles.role <> 'untracked' THEN coalesce(u.allocations, 0) END AS allocations,
+       c.recorded_bytes
+FROM peak p
+CROSS JOIN (VALUES ('parameter'), ('gradient'), ('optimizer_state'), ('other'), ('untracked')) roles(role)
+LEFT JOIN (SELECT * FROM by_role UNION ALL BY NAME SELECT * FROM untracked) u
+  ON u.rank = p.rank AND u.device_type = p.device_type AND u.device IS NOT DISTINCT FROM p.device AND u.role = roles.role
+LEFT JOIN recorded c ON c.rank = p.rank AND c.device_type = p.device_type AND c.role = roles.role
+ORDER BY p.rank, p.device_type, p.device, roles.role
+"""
+    return store.sql(query, params)
+
+
+def role_allocations(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
+    """Per rank, device, step and role: the recorded allocations labelled with the role, their
+    count and bytes. Gradients re-allocated every step show up here step by step; parameters and
+    optimizer state allocated before the trace do not (``roles_at_peak.recorded_bytes`` has
+    them). :class:`Absent` when no role was recorded."""
+    ranks_sql, params = _params(run, ranks)
+    has_roles = store.sql(
+        f"SELECT count(*) AS n FROM memory_roles WHERE run = $run AND {ranks_sql}", params
+    ).to_pylist()[0]["n"]
+    if not has_roles:
+        return Absent(NO_ROLES)
+    query = f"""
+WITH {_ALLOCS_CTES.format(ranks_sql=ranks_sql)},
+{_ROLE_CTES}
+SELECT $run AS run, a.rank, a.device_type, a.device, a.step, coalesce(r.role, 'other') AS role,
+       count(*) AS allocations, sum(a.bytes)::BIGINT AS bytes
+FROM allocs a LEFT JOIN alloc_role r USING (mid)
+GROUP BY ALL
+ORDER BY a.rank, a.device_type, a.device, a.step NULLS LAST, role
+"""
+    return store.sql(query, params)
+
+
+def snapshot_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
+    """Per rank and device, from the CUDA allocator snapshot: segments, reserved bytes, bytes in
+    active and inactive (cached, fragmenting) blocks, the largest block, and OOMs in the history.
+    :class:`Absent` when no snapshot was recorded."""
+    ranks_sql, params = _params(run, ranks)
+    query = f"""
+SELECT $run AS run, rank, device,
+       count(*) FILTER (WHERE record = 'segment') AS segments,
+       sum(bytes) FILTER (WHERE record = 'segment')::BIGINT AS reserved_bytes,
+       sum(bytes) FILTER (WHERE record = 'block' AND state = 'active_allocated')::BIGINT AS active_bytes,
+       sum(bytes) FILTER (WHERE record = 'block' AND state = 'inactive')::BIGINT AS inactive_bytes,
+       max(bytes) FILTER (WHERE record = 'block' AND state = 'active_allocated') AS largest_block_bytes,
+       count(*) FILTER (WHERE record = 'trace' AND action = 'oom') AS ooms
+FROM memory_snapshot WHERE run = $run AND {ranks_sql}
+GROUP BY rank, device ORDER BY rank, device
+"""
+    table = store.sql(query, params)
+    if table.num_rows == 0:
+        return Absent(NO_SNAPSHOT)
+    return table
+
+
+@dataclass(frozen=True)
+class MemoryResult:
+    """The ``memory`` section."""
+
+    peaks: pa.Table
+    live_at_peak: pa.Table
+    roles: Maybe[pa.Table]
+    roles_by_step: Maybe[pa.Table]
+    snapshot: Maybe[pa.Table]
+
+
+def _rows(value: Maybe[pa.Table]) -> object:
+    return value if isinstance(value, Absent) else value.to_pylist()
+
+
+@section("memory", order=60, to_json=lambda r: {
+    "peaks": r.peaks.to_pylist(),
+    "live_at_peak": r.live_at_peak.to_pylist(),
+    "roles": _rows(r.roles),
+    "roles_by_step": _rows(r.roles_by_step),
+    "snapshot": _rows(r.snapshot),
+})
+def memory_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe[MemoryResult]:
+    """Peak allocated/reserved memory per step against the device's capacity, the phase and ops
+    at the peak, the largest allocations live at it, roles and the allocator snapshot."""
+    peaks = step_peaks(store, run, ranks)
+    if peaks.num_rows == 0:
+        return Absent(NO_MEMORY_EVENTS)
+    return MemoryResult(
+        peaks=peaks,
+        live_at_peak=live_at_peak(store, run, ranks, top=10),
+        roles=roles_at_peak(store, run, ranks),
+        roles_by_step=role_allocations(store, run, ranks),
+        snapshot=snapshot_summary(store, run, ranks),
+    )
+
+
+CAPACITY_PCT_WARN = 90.0
+"""A peak above this share of the device's memory leaves no room for a longer sequence, a larger
+batch or fragmentation: the next run may run out of memory."""
+
+
+@rule("memory.near_capacity", needs=("memory",))
+def near_capacity_rule(results: Results) -> Iterator[Finding]:
+    """Allocated or reserved memory peaks at 90% or more of the device's capacity (once per rank
+    and device, at its highest step peak)."""
+    result = results["memory"]
+    assert isinstance(result, MemoryResult)
+    worst: dict[tuple[int, int | None], dict] = {}
+    for row in result.peaks.to_pylist():
+        pct = max(row["peak_allocated_pct"] or 0.0, row["peak_reserved_pct"] or 0.0)
+        if row["capacity_bytes"] is None or pct < CAPACITY_PCT_WARN:
+            continue
+        key = (row["rank"], row["device"])
+        if key not in worst or pct > worst[key]["pct"]:
+            worst[key] = {**row, "pct": pct}
+    for (rank, device), row in sorted(worst.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        where = f" in {row['phase']}" if row["phase"] and row["phase"] != "other" else ""
+        step = f" step {row['step']}" if row["step"] is not None else ""
+        yield Finding(
+            Severity.WARNING,
+            "memory.near_capacity",
+            f"memory peak {row['peak_allocated_pct']:.0f}% of device capacity allocated, "
+            f"{row['peak_reserved_pct']:.0f}% reserved{where} (rank {rank}, GPU {device}{step})",
+            {"rank": rank, "device": device, "step": row["step"], "phase": row["phase"],
+             "peak_allocated_bytes": row["peak_allocated_bytes"], "peak_reserved_bytes": row["peak_reserved_bytes"],
+             "capacity_bytes": row["capacity_bytes"], "peak_allocated_pct": row["peak_allocated_pct"],
+             "peak_reserved_pct": row["peak_reserved_pct"]},
+        )
