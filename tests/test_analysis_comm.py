@@ -293,3 +293,27 @@ def test_compute_straggler_rule_quiet_on_equal_ranks(tmp_path, shared_traces: Pa
     assert ingest_paths([shared_traces / NCCL, same], store_dir, "same").ok
     result = comm_section(open_store(store_dir), "same", None)
     assert evaluate({"comm": result}, _rules("comm.compute_straggler")) == []
+
+
+def _doc_section(title: str) -> str:
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "ANALYSIS.md").read_text()
+    match = re.search(rf"## {re.escape(title)}.*?(?=\n## |\Z)", text, re.S)
+    assert match, f"docs/ANALYSIS.md has no section {title!r}"
+    return match.group(0)
+
+
+def test_every_column_and_rule_is_documented(ingested, skewed_run) -> None:
+    section = _doc_section("Communication")
+    store = open_store(ingested(NCCL))
+    skew_store, _ = skewed_run
+    frames = [collective_kernels(store, "t"), collective_summary(store, "t"), group_phase_summary(store, "t"),
+              collective_instances(skew_store, "skew"), skew_summary(skew_store, "skew"),
+              rank_arrivals(skew_store, "skew"), comm_section(skew_store, "skew", None).compute]
+    for frame in frames:
+        for column in frame.column_names:
+            assert column in section, f"column {column} is not in docs/ANALYSIS.md"
+    findings = _doc_section("Findings of communication, copies and memory")
+    for rule_id in ("comm.exposed", "comm.straggler", "comm.compute_straggler"):
+        assert f"`{rule_id}`" in findings

@@ -144,3 +144,14 @@ def test_pageable_rule_quiet_on_pinned_or_tiny_pageable(ingested, relative) -> N
 def test_section_abstains_without_copies(ingested) -> None:
     result = copies_section(open_store(ingested("hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")), "t", None)
     assert isinstance(result, Absent) and "no memcpy" in result.reason
+
+
+def test_every_column_and_rule_is_documented(ingested) -> None:
+    from tests.test_analysis_comm import _doc_section
+
+    section = _doc_section("Copies and offload")
+    store = open_store(ingested(CONTROL))
+    for frame in (copy_events(store, "t"), copy_summary(store, "t")):
+        for column in frame.column_names:
+            assert column in section, f"column {column} is not in docs/ANALYSIS.md"
+    assert "`copies.pageable`" in _doc_section("Findings of communication, copies and memory")

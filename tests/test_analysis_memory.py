@@ -236,3 +236,18 @@ def test_roles_at_peak_match_raw(cpu_run) -> None:
     # AdamW: exp_avg and exp_avg_sq (parameter-sized) plus a 4-byte step per parameter
     n_params = len(list(model.parameters()))
     assert rows["optimizer_state"]["recorded_bytes"] == 2 * param_bytes + 4 * n_params
+
+
+@pytest.mark.slow
+def test_every_column_and_rule_is_documented(dfi, cpu_run) -> None:
+    from tests.test_analysis_comm import _doc_section
+
+    section = _doc_section("Memory")
+    store, _, _ = dfi
+    cpu_store, _ = cpu_run
+    frames = [memory_timeline(store, "t"), step_peaks(store, "t"), live_at_peak(store, "t"),
+              largest_allocations(store, "t"), roles_at_peak(cpu_store, "cpu"), role_allocations(cpu_store, "cpu")]
+    for frame in frames:
+        for column in frame.column_names:
+            assert column in section, f"column {column} is not in docs/ANALYSIS.md"
+    assert "`memory.near_capacity`" in _doc_section("Findings of communication, copies and memory")
