@@ -8,7 +8,7 @@ breakdown, host breakdown, HTA-style totals and step statistics of every rank) a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ from stepscope.analysis.breakdown import (
     rank_totals,
     step_breakdown,
 )
-from stepscope.analysis.findings import evaluate
+from stepscope.analysis.findings import Finding, Results, Severity, evaluate, rule
 from stepscope.analysis.kernels import launch_overhead, step_stats, top_cpu_ops, top_kernels
 from stepscope.analysis.sections import SQLStore, compute_sections, section
 
@@ -199,7 +199,11 @@ def kernels_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> K
 
 def kernels_json(result: KernelsResult) -> dict[str, Any]:
     def rows(table: pa.Table) -> list[dict[str, Any]]:
-        return [{k: v for k, v in row.items() if k != "run"} for row in table.to_pylist()]
+        return [
+            {k: (Absent(NO_STEPS) if k == "share_of_steps_pct" and v is None else v)
+             for k, v in row.items() if k != "run"}
+            for row in table.to_pylist()
+        ]
 
     return {
         "top_kernels": rows(result.top_kernels),
@@ -219,3 +223,95 @@ def build_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None)
         doc[s.name] = result if isinstance(result, Absent) else s.to_json(result)
     doc["findings"] = [f.to_json() for f in evaluate(results)]
     return jsonable(doc)
+
+
+# ---- findings on the ranks section ----
+
+IDLE_WARNING_PCT = 30.0
+"""A step whose GPU is idle this share of its window or more is worth a look."""
+IDLE_CRITICAL_PCT = 50.0
+DATA_LOADING_WARNING_PCT = 10.0
+"""Median share of the ProfilerStep the host spends inside ``enumerate(DataLoader)#...``."""
+STEP_SPREAD_WARNING_PCT = 25.0
+"""(max - min) / median of the ProfilerStep times, with at least 3 steps."""
+
+_IDLE_CAUSE_ADVICE = {
+    "host_wait": "mostly host wait: the CPU is not launching work fast enough",
+    "kernel_wait": "mostly short gaps between kernels: launch latency of many small kernels",
+    "other": "mostly waits on other streams, events or synchronisation",
+}
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+@rule("gpu.idle", needs=("ranks",))
+def gpu_idle(results: Results) -> Iterator[Finding]:
+    """GPU idle for a large share of a step, with the dominant HTA cause (and the host's data
+    loading time when it is significant)."""
+    ranks: RanksResult = results["ranks"]  # type: ignore[assignment]
+    host = _by_rank(ranks.host)
+    for rank, rows in sorted(_by_rank(ranks.breakdown).items()):
+        idle = [(100 * r["idle_ns"] / r["dur_ns"], r) for r in rows if r["dur_ns"] > 0]
+        flagged = [(pct, r) for pct, r in idle if pct >= IDLE_WARNING_PCT]
+        if not flagged:
+            continue
+        worst_pct, worst = max(flagged, key=lambda item: item[0])
+        causes = {c: worst[f"idle_{c}_ns"] for c in ("host_wait", "kernel_wait", "other")}
+        cause = max(causes, key=lambda c: causes[c])
+        message = (f"GPU idle {worst_pct:.0f}% of step {worst['step']} on rank {rank} "
+                   f"({len(flagged)} of {len(idle)} steps at {IDLE_WARNING_PCT:.0f}% or more), "
+                   f"{_IDLE_CAUSE_ADVICE[cause]}")
+        loading = [h["data_loading_ns"] for h in host.get(rank, [])]
+        data_ms = _median(loading) / 1e6 if loading else 0.0
+        if cause == "host_wait" and data_ms > 0:
+            message += f" (data loading {data_ms:.1f} ms/step)"
+        yield Finding(
+            Severity.CRITICAL if worst_pct >= IDLE_CRITICAL_PCT else Severity.WARNING,
+            "gpu.idle",
+            message,
+            {"rank": rank, "step": worst["step"], "idle_pct": round(worst_pct, 2),
+             "steps_flagged": len(flagged), "steps": len(idle), "cause": cause,
+             **{f"idle_{c}_ns": v for c, v in causes.items()}, "data_loading_ms_per_step": round(data_ms, 3)},
+        )
+
+
+@rule("host.data_loading", needs=("ranks",))
+def host_data_loading(results: Results) -> Iterator[Finding]:
+    """The host spends a large share of each step waiting for the DataLoader."""
+    ranks: RanksResult = results["ranks"]  # type: ignore[assignment]
+    for rank, rows in sorted(_by_rank(ranks.host).items()):
+        shares = [100 * r["data_loading_ns"] / r["dur_ns"] for r in rows if r["dur_ns"] > 0]
+        if not shares or _median(shares) < DATA_LOADING_WARNING_PCT:
+            continue
+        median_ms = _median([r["data_loading_ns"] for r in rows]) / 1e6
+        yield Finding(
+            Severity.WARNING,
+            "host.data_loading",
+            f"data loading takes {_median(shares):.0f}% of each step on rank {rank} "
+            f"({median_ms:.1f} ms/step, median): use DataLoader workers, pinned memory and prefetching",
+            {"rank": rank, "data_loading_pct_median": round(_median(shares), 2),
+             "data_loading_ms_median": round(median_ms, 3), "steps": len(shares)},
+        )
+
+
+@rule("steps.unstable", needs=("ranks",))
+def steps_unstable(results: Results) -> Iterator[Finding]:
+    """Step times vary a lot between steps of one rank (warm-up, stalls, recompilation)."""
+    ranks: RanksResult = results["ranks"]  # type: ignore[assignment]
+    for row in ranks.stats.to_pylist():
+        if row["steps"] < 3 or row["spread_pct"] is None or row["spread_pct"] < STEP_SPREAD_WARNING_PCT:
+            continue
+        yield Finding(
+            Severity.WARNING,
+            "steps.unstable",
+            f"step time varies by {row['spread_pct']:.0f}% on rank {row['rank']} "
+            f"(median {row['median_ns'] / 1e6:.1f} ms, min {row['min_ns'] / 1e6:.1f} ms, "
+            f"max {row['max_ns'] / 1e6:.1f} ms over {row['steps']} {row['source']}): "
+            "profile steady-state steps, look for stalls or recompilation",
+            {"rank": row["rank"], "source": row["source"], "steps": row["steps"],
+             "spread_pct": round(row["spread_pct"], 2), "median_ns": row["median_ns"],
+             "min_ns": row["min_ns"], "max_ns": row["max_ns"]},
+        )
