@@ -70,3 +70,16 @@ def test_every_registered_rule_and_section_is_documented() -> None:
         assert all(name in SECTIONS for name in r.needs), f"rule {r.id} needs an unknown section"
     for s in SECTIONS.values():
         assert s.doc, f"section {s.name} has no docstring"
+
+
+def test_every_rule_and_section_is_in_the_docs() -> None:
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    analysis = (docs / "ANALYSIS.md").read_text()
+    summary = (docs / "SUMMARY_JSON.md").read_text()
+    all_sections()
+    for r in RULES:
+        assert f"`{r}`" in analysis, f"rule {r} is not documented in docs/ANALYSIS.md"
+    for name in SECTIONS:
+        assert f"`{name}`" in summary, f"section {name} is not documented in docs/SUMMARY_JSON.md"

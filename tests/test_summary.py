@@ -5,6 +5,7 @@ does not."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -224,3 +225,18 @@ def test_unstable_steps_rule(ingested: Callable[[str], Path]) -> None:
     [finding] = _findings(ingested, UNSTEADY, "steps.unstable")
     assert finding.evidence["spread_pct"] > 25
     assert _findings(ingested, DFIR, "steps.unstable") == []
+
+
+def test_every_column_of_these_frames_is_documented(ingested: Callable[[str], Path]) -> None:
+    from stepscope.analysis.breakdown import rank_totals, step_breakdown, step_windows
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "ANALYSIS.md").read_text()
+    store = open_store(ingested(DFIR))
+    frames = [
+        step_breakdown(store, "t"), host_breakdown(store, "t"), rank_totals(store, "t"),
+        step_windows(store, "t"), top_kernels(store, "t"), top_cpu_ops(store, "t"),
+        launch_overhead(store, "t"), step_stats(store, "t"),
+    ]
+    for frame in frames:
+        for column in frame.column_names:
+            assert re.search(rf"`[^`]*\b{column}\b[^`]*`", docs), f"column {column} is not in docs/ANALYSIS.md"
