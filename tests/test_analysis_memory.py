@@ -17,6 +17,7 @@ from stepscope.analysis.memory import (
     memory_timeline,
     role_allocations,
     roles_at_peak,
+    snapshot_blocks,
     snapshot_summary,
     step_peaks,
 )
@@ -251,3 +252,43 @@ def test_every_column_and_rule_is_documented(dfi, cpu_run) -> None:
         for column in frame.column_names:
             assert column in section, f"column {column} is not in docs/ANALYSIS.md"
     assert "`memory.near_capacity`" in _doc_section("Findings of communication, copies and memory")
+
+
+def test_snapshot_summary_matches_the_pickle(shared_traces: Path, tmp_path) -> None:
+    """A real ``torch.cuda.memory._snapshot()`` (memsnap/) stored as the collector stores it,
+    summarised, and recounted straight from the unpickled dict."""
+    from stepscope.collector.memory_snapshot import load_snapshot, snapshot_table
+    from stepscope.store.writer import write_partition
+
+    snapshot = load_snapshot(shared_traces / "memsnap/magma27_cs336/memory_snapshot.pickle")
+    trace = write_trace(tmp_path / "rank0.json", [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1,
+                                                    "ts": 1.0, "dur": 1.0}], distributedInfo={"rank": 0})
+    report = ingest_paths([trace], tmp_path / "store", "snap")
+    assert report.ok
+    source = report.stored[0].source
+    write_partition(tmp_path / "store", "memory_snapshot", "snap", 0, source, snapshot_table(snapshot, source))
+    store = open_store(tmp_path / "store")
+    blocks = [b for seg in snapshot["segments"] for b in seg["blocks"]]
+    active = [b for b in blocks if b["state"] == "active_allocated"]
+    rows = snapshot_summary(store, "snap").to_pylist()
+    assert rows == [{
+        "run": "snap", "rank": 0, "device": 0,
+        "segments": len(snapshot["segments"]),
+        "reserved_bytes": sum(seg["total_size"] for seg in snapshot["segments"]),
+        "active_bytes": sum(b["size"] for b in active),
+        "inactive_bytes": sum(b["size"] for b in blocks if b["state"] == "inactive"),
+        "largest_block_bytes": max(b["size"] for b in active),
+        "ooms": sum(1 for t in snapshot["device_traces"] for e in t if e["action"] == "oom"),
+    }]
+    largest = sorted(active, key=lambda b: (-b["size"], b["address"]))[:5]
+    got = snapshot_blocks(store, "snap", top=5).to_pylist()
+    assert [(r["bytes"], r["addr"], r["requested_bytes"]) for r in got] == [
+        (b["size"], b["address"], b["requested_size"]) for b in largest]
+    assert [r["frames"] is not None for r in got] == [bool(b.get("frames")) for b in largest]
+    result = memory_section(store, "snap", None)
+    assert result.peaks.num_rows == 0 and not isinstance(result.snapshot, Absent)
+    from tests.test_analysis_comm import _doc_section
+
+    documented = _doc_section("Memory")
+    for frame in (snapshot_summary(store, "snap"), snapshot_blocks(store, "snap")):
+        assert all(column in documented for column in frame.column_names)

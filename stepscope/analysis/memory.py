@@ -354,6 +354,26 @@ GROUP BY rank, device ORDER BY rank, device
     return table
 
 
+def snapshot_blocks(store: SQLStore, run: str, ranks: Sequence[int] | None = None, *, top: int = 20) -> Maybe[pa.Table]:
+    """The ``top`` largest active blocks of the CUDA allocator snapshot per rank and device,
+    with the size asked for, the segment they sit in and the stack that allocated them
+    (``frames``, JSON, innermost first). :class:`Absent` when no snapshot was recorded."""
+    ranks_sql, params = _params(run, ranks)
+    query = f"""
+SELECT * FROM (
+  SELECT $run AS run, rank, device, bytes, requested_bytes, addr, segment_addr, segment_type::VARCHAR AS segment_type,
+         row_number() OVER (PARTITION BY rank, device ORDER BY bytes DESC, addr) AS size_rank, frames
+  FROM memory_snapshot
+  WHERE run = $run AND {ranks_sql} AND record = 'block' AND state = 'active_allocated'
+) WHERE size_rank <= $top
+ORDER BY rank, device, size_rank
+"""
+    table = store.sql(query, {**params, "top": int(top)})
+    if table.num_rows == 0:
+        return Absent(NO_SNAPSHOT)
+    return table
+
+
 @dataclass(frozen=True)
 class MemoryResult:
     """The ``memory`` section."""
@@ -363,6 +383,7 @@ class MemoryResult:
     roles: Maybe[pa.Table]
     roles_by_step: Maybe[pa.Table]
     snapshot: Maybe[pa.Table]
+    snapshot_blocks: Maybe[pa.Table]
 
 
 def _rows(value: Maybe[pa.Table]) -> object:
@@ -375,19 +396,22 @@ def _rows(value: Maybe[pa.Table]) -> object:
     "roles": _rows(r.roles),
     "roles_by_step": _rows(r.roles_by_step),
     "snapshot": _rows(r.snapshot),
+    "snapshot_blocks": _rows(r.snapshot_blocks),
 })
 def memory_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe[MemoryResult]:
     """Peak allocated/reserved memory per step against the device's capacity, the phase and ops
     at the peak, the largest allocations live at it, roles and the allocator snapshot."""
     peaks = step_peaks(store, run, ranks)
-    if peaks.num_rows == 0:
+    snapshot = snapshot_summary(store, run, ranks)
+    if peaks.num_rows == 0 and isinstance(snapshot, Absent):
         return Absent(NO_MEMORY_EVENTS)
     return MemoryResult(
         peaks=peaks,
         live_at_peak=live_at_peak(store, run, ranks, top=10),
         roles=roles_at_peak(store, run, ranks),
         roles_by_step=role_allocations(store, run, ranks),
-        snapshot=snapshot_summary(store, run, ranks),
+        snapshot=snapshot,
+        snapshot_blocks=snapshot_blocks(store, run, ranks, top=10),
     )
 
 
