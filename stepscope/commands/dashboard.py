@@ -36,6 +36,7 @@ def command(store: Path, host: str, port: int) -> list[str]:
         sys.executable, "-m", "streamlit", "run", str(APP),
         "--server.address", host, "--server.port", str(port), "--server.headless", "true",
         "--browser.gatherUsageStats", "false", "--server.runOnSave", "false",
+        "--runner.magicEnabled", "false", "--client.toolbarMode", "minimal",
         "--", "--store", str(store.resolve()),
     ]
 

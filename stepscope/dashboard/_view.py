@@ -60,8 +60,12 @@ def ns_to_ms(df: Any) -> Any:
     return with_units(df, {c[:-3] + "_ms": (c, NS_PER_MS) for c in df.columns if c.endswith("_ns")})
 
 
-def data_table(df: Any, caption: str | None = None, *, hide_ns: bool = True, height: int | None = None) -> None:
-    """The exact numbers behind a chart. ``*_ns`` columns are hidden when an ``*_ms`` twin exists."""
+def data_table(df: Any, caption: str | None = None, *, hide_ns: bool = True, height: int | None = None,
+               keep_run: bool = False) -> None:
+    """The exact numbers behind a chart. ``*_ns`` columns are hidden when an ``*_ms`` twin exists;
+    the ``run`` column too (the page's title names the run) unless ``keep_run``."""
+    if not keep_run and "run" in df.columns:
+        df = df.drop(columns=["run"])
     if hide_ns:
         df = df[[c for c in df.columns if not (c.endswith("_ns") and c[:-3] + "_ms" in df.columns)]]
     if caption:

@@ -17,6 +17,10 @@ from stepscope.dashboard._filters import sidebar
 
 HERE = Path(__file__).resolve().parent
 
+# (file under views/, title, icon) in menu order; the URL path is the file's stem. The folder is
+# not called ``pages/``: Streamlit treats a ``pages/`` folder beside the main script as an
+# old-style multipage app and then runs page files without this script, so the store and the
+# filters would never be set up. (Comments, not docstrings: Streamlit would print a bare string.)
 PAGES: tuple[tuple[str, str, str], ...] = (
     ("runs.py", "Runs", ":material/list:"),
     ("overview.py", "Overview", ":material/bar_chart:"),
@@ -27,13 +31,12 @@ PAGES: tuple[tuple[str, str, str], ...] = (
     ("compare.py", "Compare", ":material/compare_arrows:"),
     ("sql.py", "SQL", ":material/terminal:"),
 )
-"""(file under pages/, title, icon) in menu order; the URL path is the file's stem."""
 
 
 def main() -> None:
     st.set_page_config(page_title="stepscope", page_icon=":material/timer:", layout="wide")
     pages = [
-        st.Page(str(HERE / "pages" / file), title=title, icon=icon, url_path=file[:-3], default=i == 1)
+        st.Page(str(HERE / "views" / file), title=title, icon=icon, url_path=file[:-3], default=i == 1)
         for i, (file, title, icon) in enumerate(PAGES)
     ]
     nav = st.navigation(pages)

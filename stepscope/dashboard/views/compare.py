@@ -43,7 +43,7 @@ if shown(comparison, "Comparison"):
                           var_name="run", value_name="ms")
         side["run"] = side["run"].map({"baseline": f"baseline {ctx.baseline}", "candidate": f"run {ctx.run}"})
         chart(alt.Chart(side, title="step time and its parts (median per step)").mark_bar().encode(
-            y=alt.Y("metric:N", title=None, sort=list(times["metric"]), axis=alt.Axis(labelLimit=240)),
+            y=alt.Y("metric:N", title=None, sort=list(times["metric"]), axis=alt.Axis(labelLimit=240, labelOverlap=False)),
             yOffset=alt.YOffset("run:N"),
             x=alt.X("ms:Q", title="median per step (ms)"),
             color=alt.Color("run:N", title=None, scale=alt.Scale(range=["#9ECAE9", "#4C78A8"])),
@@ -53,7 +53,7 @@ if shown(comparison, "Comparison"):
         ).properties(height=46 * len(times) + 30))
     data_table(metrics)
 
-    st.subheader(f"Kernels that changed most (time per step)")
+    st.subheader("Kernels that changed most (time per step)")
     kernels = comparison.kernels
     if shown(kernels, "Kernels"):
         table = pd.DataFrame([{
@@ -69,7 +69,7 @@ if shown(comparison, "Comparison"):
             table = table.reindex(table["delta_ms"].abs().sort_values(ascending=False).index).head(TOP)
             chart(alt.Chart(table).mark_bar().encode(
                 x=alt.X("delta_ms:Q", title="change in time per step (ms)"),
-                y=alt.Y("kernel:N", title=None, sort=list(table["kernel"]), axis=alt.Axis(labelLimit=420)),
+                y=alt.Y("kernel:N", title=None, sort=list(table["kernel"]), axis=alt.Axis(labelLimit=420, labelOverlap=False)),
                 color=alt.Color("status:N", title="status"),
                 tooltip=[alt.Tooltip("kernel:N"), alt.Tooltip("status:N"),
                          alt.Tooltip("baseline_ms:Q", title="baseline (ms/step)", format=",.4f"),

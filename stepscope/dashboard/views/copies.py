@@ -16,7 +16,8 @@ st.title(f"Offload & copies: {ctx.run}")
 
 result = ctx.section("copies")
 if shown(result, "Copies"):
-    totals = with_units(ns_to_ms(select(frame(result.totals), ctx)), {"gib": ("bytes", GIB)})
+    totals = with_units(ns_to_ms(select(frame(result.totals), ctx, step=None)), {"gib": ("bytes", GIB)})
+    totals = totals.drop(columns=["step"], errors="ignore")  # per-rank totals: no step
     per_step = with_units(ns_to_ms(select(frame(result.per_step), ctx)), {"gib": ("bytes", GIB)})
     per_step = per_step[per_step["step"].notna()]
     per_step["memory"] = per_step["direction"] + " " + per_step["host_memory"].fillna("device")

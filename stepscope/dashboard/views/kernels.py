@@ -22,14 +22,14 @@ def top_chart(df, title: str) -> None:
     chart(alt.Chart(df, title=title).mark_bar().encode(
         x=alt.X("total_ms:Q", title="total time (ms)"),
         y=alt.Y("name:N", title=None, sort=alt.EncodingSortField("total_ms", order="descending"),
-                axis=alt.Axis(labelLimit=420)),
+                axis=alt.Axis(labelLimit=420, labelOverlap=False)),
         color=alt.Color("category:N", title="category"),
         tooltip=[alt.Tooltip("name:N"), alt.Tooltip("category:N"), alt.Tooltip("count:Q", title="calls"),
                  alt.Tooltip("total_ms:Q", title="total (ms)", format=",.3f"),
                  alt.Tooltip("mean_ms:Q", title="mean (ms)", format=",.4f"),
                  alt.Tooltip("max_ms:Q", title="max (ms)", format=",.4f"),
                  alt.Tooltip("share_of_steps_pct:Q", title="% of step time", format=".1f")],
-    ).properties(height=22 * len(df) + 40))
+    ).properties(height=24 * len(df) + 40))
 
 
 kernels = ctx.analysis("kernels.top_kernels", n=TOP)
@@ -70,7 +70,7 @@ if shown(launch, "Launch overhead"):
                    "longer to launch than the GPU to run (launch-bound).")
         chart(alt.Chart(launch).mark_bar().encode(
             x=alt.X("rank:O", title="rank", axis=alt.Axis(labelAngle=0, labelOverlap=True)),
-            y=alt.Y("launch_to_gpu_ratio:Q", title="launch time / launched GPU time"),
+            y=alt.Y("launch_to_gpu_ratio:Q", title="launch / GPU time"),
             tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("launches:Q"),
                      alt.Tooltip("launch_ms:Q", title="launch calls (ms)", format=",.3f"),
                      alt.Tooltip("launched_gpu_ms:Q", title="GPU work launched (ms)", format=",.3f"),

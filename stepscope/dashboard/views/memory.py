@@ -20,7 +20,9 @@ if shown(result, "Memory") and shown(timeline, "Memory timeline"):
     timeline = select(frame(timeline), ctx, step=None)
     timeline["device_name"] = timeline["device_type"].map(DEVICE_TYPES).fillna("device type ?") + " " + \
         timeline["device"].astype("Int64").astype(str)
-    series = timeline[["rank", "device_type", "device", "device_name"]].drop_duplicates()
+    # GPU series first: that is the memory people run out of.
+    series = timeline[["rank", "device_type", "device", "device_name"]].drop_duplicates().sort_values(
+        ["device_type", "rank", "device"], ascending=[False, True, True])
     labels = [f"rank {r.rank}, {r.device_name}" for r in series.itertuples()]
     if not labels:
         st.info("No memory events on the selected ranks.")
@@ -37,14 +39,14 @@ if shown(result, "Memory") and shown(timeline, "Memory timeline"):
         long["gib"] = long["bytes"] / GIB
         long["t_ms"] = (long["ts_ns"] - origin) / NS_PER_MS
         layers = [alt.Chart(long).mark_line(interpolate="step-after").encode(
-            x=alt.X("t_ms:Q", title=f"time since the rank's first memory event (ms)"),
+            x=alt.X("t_ms:Q", title="time since the rank's first memory event (ms)"),
             y=alt.Y("gib:Q", title="memory (GiB)"),
             color=alt.Color("counter:N", title="allocator", scale=alt.Scale(range=["#4C78A8", "#F58518"])),
             tooltip=[alt.Tooltip("counter:N"), alt.Tooltip("t_ms:Q", title="time (ms)", format=",.3f"),
                      alt.Tooltip("gib:Q", title="GiB", format=",.4f")],
         )]
         windows = ctx.analysis("breakdown.step_windows")
-        if not isinstance(windows, type(None)) and shown(windows, "Step boundaries"):
+        if shown(windows, "Step boundaries"):
             bounds = select(frame(windows), ctx)
             bounds = bounds[bounds["rank"] == chosen["rank"]].copy()
             bounds["t_ms"] = (bounds["cpu_start_ns"] - origin) / NS_PER_MS

@@ -9,6 +9,7 @@ from stepscope.dashboard._data import context
 from stepscope.dashboard._filters import select
 from stepscope.dashboard._view import NS_PER_MS, PART_COLORS, chart, data_table, frame, ns_to_ms, shown
 
+# ``step_breakdown`` columns (disjoint, summing to the step) -> legend label.
 PARTS = {
     "compute_ns": "compute",
     "comm_exposed_ns": "exposed communication",
@@ -19,7 +20,6 @@ PARTS = {
     "memset_exposed_ns": "exposed memset",
     "idle_ns": "idle",
 }
-"""``step_breakdown`` columns (disjoint, summing to the step) -> legend label."""
 
 SEVERITY_ICON = {"critical": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 
@@ -38,8 +38,8 @@ if shown(totals, "GPU totals"):
         cols[2].metric("compute (ms)", f"{row['compute_ms']:,.2f}")
         cols[3].metric("GPU idle (ms)", f"{row['gpu_idle_ms']:,.2f}")
         overlap = row["comm_comp_overlap_pct"]
-        cols[4].metric("comm. hidden under compute (%)", "n/a" if overlap != overlap else f"{overlap:.1f}",
-                       help=row["overlap_absent_reason"] or None)
+        cols[4].metric("comm. hidden (%)", "n/a" if overlap != overlap else f"{overlap:.1f}",
+                       help=row["overlap_absent_reason"] or "communication time under compute kernels")
     with st.expander("Whole-trace GPU totals per rank (HTA definitions)", expanded=len(totals) > 1):
         data_table(totals)
 

@@ -14,7 +14,7 @@ st.title("Runs")
 st.caption("Pick the run (and a baseline to compare against) in the sidebar; every page follows it.")
 
 runs = ctx.runs.drop(columns=["fingerprint", "rank_list"]).rename(columns={"name": "run name"})
-data_table(runs)
+data_table(runs, keep_run=True)
 
 st.subheader(f"Traces of {ctx.run}")
 st.caption("Each rank's trace, to open in [Perfetto](https://ui.perfetto.dev): the file it was "
