@@ -317,3 +317,48 @@ def test_every_column_and_rule_is_documented(ingested, skewed_run) -> None:
     findings = _doc_section("Findings of communication, copies and memory")
     for rule_id in ("comm.exposed", "comm.straggler", "comm.compute_straggler"):
         assert f"`{rule_id}`" in findings
+
+
+def test_instances_on_two_real_ranks_of_one_job(tmp_path, shared_traces: Path) -> None:
+    """trace_filter/sampled_rank-0 and -1: two ranks of one 128-rank job, send/recv kernels with
+    no process-group args, matched by (step, order in the step). Recomputed from the JSON with
+    the steps taken from each kernel's launch."""
+    paths = [shared_traces / f"hta/trace_filter/sampled_rank-{r}.json.gz" for r in (0, 1)]
+    assert ingest_paths(paths, tmp_path / "store", "pair").ok
+    store = open_store(tmp_path / "store")
+    per_rank = []
+    for path in paths:
+        doc = load_raw(path)
+        steps = profiler_steps(doc)
+        launch = {e["args"]["correlation"]: span_ns(doc, e)[0] for e in doc["traceEvents"]
+                  if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+        by_step: dict[int, list[tuple[int, int]]] = {}
+        for k in comm_kernels(doc):
+            t = launch[k["args"]["correlation"]]
+            step = next(s for s, a, b in steps if a <= t < b)
+            by_step.setdefault(step, []).append(span_ns(doc, k))
+        per_rank.append(by_step)
+    expected = []
+    for step in sorted(per_rank[0]):
+        for (s0, e0), (s1, e1) in zip(per_rank[0][step], per_rank[1][step]):
+            expected.append((step, abs(s1 - s0), min(e0 - s0, e1 - s1), None if s0 == s1 else int(s1 > s0)))
+    rows = collective_instances(store, "pair").to_pylist()
+    assert [(r["step"], r["start_skew_ns"], r["min_dur_ns"], r["last_rank"]) for r in rows] == expected
+    assert len(rows) == 10 and all(r["matched_by"] == "step_order" and r["pg_name"] is None for r in rows)
+    # send/recv only: a pipeline makes one side wait by design, so no last-arrival statistics
+    assert rank_arrivals(store, "pair").num_rows == 0
+
+
+def test_arrivals_without_process_group_args(tmp_path, shared_traces: Path) -> None:
+    """df_index_resolver's 2,020 all-reduce kernels carry no process-group args (pg_name null):
+    a rank copy 1 us late (its shortest kernels last 1 us) is still matched kernel by kernel and
+    found last every time."""
+    doc = load_raw(shared_traces / DFI)
+    assert min(k["dur"] for k in comm_kernels(doc)) >= 1
+    late = rank_copy(doc, 0, lambda i: 1.0, tmp_path / "r0.json.gz")
+    assert ingest_paths([shared_traces / DFI, late], tmp_path / "store", "dfi2").ok
+    store = open_store(tmp_path / "store")
+    rows = {r["rank"]: r for r in rank_arrivals(store, "dfi2").to_pylist()}
+    assert rows[0]["instances"] == rows[1]["instances"] == 2020
+    assert rows[0]["last_count"] == 2020 and rows[1]["last_count"] == 0
+    assert rows[0]["steps_last_most"] == 5 == rows[0]["steps_with_instances"]

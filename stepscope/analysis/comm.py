@@ -223,6 +223,10 @@ inst AS (
 )"""
 
 
+_POINT_TO_POINT = "('send', 'recv', 'send_recv')"
+"""Point-to-point transfers: a pipeline schedule makes one side wait by design, so they are
+matched and measured but not counted as last arrivals."""
+
 _MULTI = "ranks >= 2 AND ranks = kernels"
 """An instance seen once on each of at least two ranks: the only kind skew is defined for."""
 
@@ -260,6 +264,9 @@ ORDER BY first_start_ns
 def rank_arrivals(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """Per rank: how often it arrives last at a collective, overall and step by step.
 
+    Point-to-point transfers (send, recv, send_recv) are left out: in pipeline parallelism one
+    stage waits for the other by design, which says nothing about a slow rank.
+
     ``last_pct`` is the share of the rank's matched instances (seen on two ranks or more) at
     which it started last. ``steps_last_most`` counts the steps in which this rank was the
     last arrival more often than any other rank (ties count for nobody), out of
@@ -269,11 +276,13 @@ def rank_arrivals(store: SQLStore, run: str, ranks: Sequence[int] | None = None)
     ranks_sql, params = _params(run, ranks)
     query = f"""
 WITH {_instances_ctes(ranks_sql)},
-multi AS (SELECT * FROM inst WHERE {_MULTI}),
+multi AS (SELECT * FROM inst WHERE {_MULTI} AND collective NOT IN {_POINT_TO_POINT}),
 seen AS (
   SELECT k.rank, count(*) AS instances, count(*) FILTER (WHERE m.last_rank_any = k.rank) AS last_count,
          sum(k.ts_ns - m.first_start_ns)::BIGINT AS late_ns
-  FROM keyed k JOIN multi m USING (pg_name, matched_by, match_step, match_seq)
+  FROM keyed k JOIN multi m
+    ON k.pg_name IS NOT DISTINCT FROM m.pg_name AND k.matched_by = m.matched_by
+   AND k.match_step IS NOT DISTINCT FROM m.match_step AND k.match_seq = m.match_seq
   GROUP BY k.rank
 ),
 per_step AS (
