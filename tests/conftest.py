@@ -82,3 +82,26 @@ def hta_python() -> Path:
     if python is None:
         pytest.skip("no HTA interpreter: set STEPSCOPE_HTA_PYTHON or run .ci/install_hta.sh")
     return python
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite the golden files under tests/golden/ instead of comparing with them")
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
+    """``golden(name, text)``: compare ``text`` with ``tests/golden/<name>``; rewrite it only when
+    pytest runs with ``--update-golden``."""
+    update = request.config.getoption("--update-golden")
+
+    def check(name: str, text: str) -> None:
+        path = REPO / "tests" / "golden" / name
+        if update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            return
+        assert path.exists(), f"{path} missing: run pytest --update-golden once and review it"
+        assert text == path.read_text(encoding="utf-8"), f"{name} differs from its golden file"
+
+    return check

@@ -1,0 +1,109 @@
+"""Budgets: how much a metric may grow (or shrink) before the gate fails.
+
+A budget is written ``METRIC:THRESHOLD``: ``step_time:+5%`` (may grow by at most 5 %),
+``comm_exposed:+2ms`` (by at most 2 ms), ``peak_memory:+512MiB``, ``busbw:-10%`` (bandwidth may
+drop by at most 10 %). The sign says which direction is bad; ``%`` makes the threshold relative
+to the baseline's value, a unit makes it absolute. The same strings are used on the command
+line (``--fail-on``), in ``stepscope.toml`` / ``[tool.stepscope]`` and in the pytest marker,
+so there is one parser and one set of metric names.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from stepscope.errors import UsageError
+
+TIME_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+BYTE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+BANDWIDTH_UNITS = {"GB/s": 1.0, "MB/s": 1e-3}
+UNITS_BY_DIMENSION = {"ns": TIME_UNITS, "bytes": BYTE_UNITS, "gbps": BANDWIDTH_UNITS}
+"""Units an absolute threshold may use, per metric dimension (the metric's own unit is 1)."""
+
+BUDGET_METRICS: dict[str, str] = {
+    "step_time": "ns",
+    "compute": "ns",
+    "comm_exposed": "ns",
+    "memcpy_h2d_exposed": "ns",
+    "memcpy_d2h_exposed": "ns",
+    "memcpy_d2d_exposed": "ns",
+    "memcpy_other_exposed": "ns",
+    "memset_exposed": "ns",
+    "idle": "ns",
+    "peak_memory": "bytes",
+}
+"""Metric name -> dimension. These are the names of the comparison's metrics (see metrics.py)."""
+
+DEFAULT_BUDGETS: tuple[str, ...] = ("step_time:+10%", "peak_memory:+10%")
+"""Used when neither the command line nor a config file gives budgets. Step time is what users
+pay for; +10 % is CodSpeed's and asv's (``-f 1.1``) default and above the 3-8 % overhead of the
+profiler itself. Peak memory +10 % catches a new large buffer before it becomes an OOM."""
+
+_BUDGET = re.compile(r"^\s*(?P<metric>[a-z_0-9]+)\s*:\s*(?P<sign>[+-])\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>%|[A-Za-z/]+)\s*$")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A parsed budget. ``threshold`` is a fraction (0.05) when ``relative``, else in the metric's
+    own unit (ns, bytes, GB/s). ``direction`` is +1 when growth is bad, -1 when a drop is bad."""
+
+    metric: str
+    direction: int
+    threshold: float
+    relative: bool
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metric": self.metric, "budget": self.text,
+                "direction": "increase" if self.direction > 0 else "decrease",
+                "kind": "relative" if self.relative else "absolute", "threshold": self.threshold}
+
+
+def parse_budget(text: str) -> Budget:
+    """``"step_time:+5%"`` -> :class:`Budget`; a clear :class:`UsageError` otherwise."""
+    match = _BUDGET.match(text)
+    if not match:
+        raise UsageError(f"budget {text!r}: expected METRIC:+N% or METRIC:+N<unit>, e.g. step_time:+5% "
+                         "or comm_exposed:+2ms")
+    metric = match["metric"]
+    if metric not in BUDGET_METRICS:
+        raise UsageError(f"budget {text!r}: unknown metric {metric!r}; known: {', '.join(BUDGET_METRICS)}")
+    value = float(match["value"])
+    unit = match["unit"]
+    direction = 1 if match["sign"] == "+" else -1
+    canonical = f"{metric}:{match['sign']}{match['value']}{unit}"
+    if unit == "%":
+        return Budget(metric, direction, value / 100, True, canonical)
+    units = UNITS_BY_DIMENSION[BUDGET_METRICS[metric]]
+    if unit not in units:
+        raise UsageError(f"budget {text!r}: unit {unit!r} does not fit {metric} (use % or one of "
+                         f"{', '.join(units)})")
+    return Budget(metric, direction, value * units[unit], False, canonical)
+
+
+def parse_budgets(texts: list[str] | tuple[str, ...]) -> list[Budget]:
+    """Parse several budgets; a later budget for the same metric and direction replaces an earlier."""
+    found: dict[tuple[str, int], Budget] = {}
+    for text in texts:
+        budget = parse_budget(text)
+        found[(budget.metric, budget.direction)] = budget
+    return list(found.values())
+
+
+def budgets_from_mapping(mapping: Mapping[str, Any], where: str) -> list[str]:
+    """Budget strings from a config table ``{"step_time": "+5%", ...}`` (``where`` names it in errors)."""
+    texts = []
+    for metric, value in mapping.items():
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if not isinstance(item, str):
+                raise UsageError(f"{where}: budget for {metric!r} must be a string like \"+5%\", got {item!r}")
+            texts.append(f"{metric}:{item}")
+    return texts
+
+
+def merge_budgets(config: list[str], command_line: list[str]) -> list[Budget]:
+    """Defaults, overridden per metric by the config file, overridden by the command line."""
+    return parse_budgets([*DEFAULT_BUDGETS, *config, *command_line])

@@ -1,0 +1,305 @@
+"""What the gate compares about one run, taken from the analyses' public functions.
+
+Nothing here recomputes an analysis figure: step parts come from
+:func:`stepscope.analysis.breakdown.step_breakdown`, step windows from
+:func:`~stepscope.analysis.breakdown.step_windows`, collective bandwidth from
+:func:`stepscope.analysis.comm.collective_summary`, copy bandwidth from
+:func:`stepscope.analysis.copies.copy_summary`, memory peaks from
+:func:`stepscope.analysis.memory.step_peaks` and kernels from
+:func:`stepscope.analysis.kernels.top_kernels`. This module only gathers their rows into per-step samples
+(one value per rank and step) and per-name tables, the shapes that statistics need. When an
+analysis is missing or abstains, the metric is :class:`~stepscope.analysis.absent.Absent` with
+the reason, and the comparison says "not available" instead of inventing a number.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from importlib import import_module
+from typing import Any, Callable
+
+from stepscope.analysis.absent import Absent, Maybe
+from stepscope.analysis.sections import SQLStore
+
+STEP_PARTS: tuple[tuple[str, str, str], ...] = (
+    ("compute", "compute_ns", "compute"),
+    ("comm_exposed", "comm_exposed_ns", "exposed communication"),
+    ("memcpy_h2d_exposed", "memcpy_h2d_exposed_ns", "exposed H2D copies"),
+    ("memcpy_d2h_exposed", "memcpy_d2h_exposed_ns", "exposed D2H copies"),
+    ("memcpy_d2d_exposed", "memcpy_d2d_exposed_ns", "exposed D2D copies"),
+    ("memcpy_other_exposed", "memcpy_other_exposed_ns", "exposed other copies"),
+    ("memset_exposed", "memset_exposed_ns", "exposed memsets"),
+    ("idle", "idle_ns", "GPU idle"),
+)
+"""(metric name, step_breakdown column, label): the disjoint parts of a step, in report order."""
+
+STEP_TIMES_SOURCE = "step_times"
+STEP_WINDOWS_SOURCE = "step_windows"
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run ran on and how it was laid out: the comparability checks read these."""
+
+    run: str
+    name: str | None
+    ranks: tuple[int, ...]
+    world_size: int | None
+    backend: str | None
+    gpu_names: tuple[str, ...]
+    gpu_count: int | None
+    process_groups: tuple[str, ...] | None
+    """``desc (size N)`` per process group recorded in ``distributedInfo.pg_config``; None when
+    no trace of the run recorded any."""
+    steps: int
+    """ProfilerSteps per rank (the largest count over ranks)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "name": self.name, "ranks": list(self.ranks), "world_size": self.world_size,
+                "backend": self.backend, "gpu_names": list(self.gpu_names), "gpu_count": self.gpu_count,
+                "process_groups": None if self.process_groups is None else list(self.process_groups),
+                "steps": self.steps}
+
+
+@dataclass(frozen=True)
+class NamedStat:
+    """A per-name figure (a kernel, a collective and size bucket, a copy direction)."""
+
+    key: str
+    value: float | None
+    count: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunProfile:
+    """Everything about one run that the comparison reads, each item possibly absent."""
+
+    facts: RunFacts
+    step_source: str
+    samples: dict[str, Maybe[list[float]]]
+    """Metric -> one value per (rank, step): ``step_time`` and the parts of :data:`STEP_PARTS`."""
+    peak_memory: Maybe[list[float]]
+    """Peak allocated bytes per (rank, device, step) on the GPU (the host when no GPU rows)."""
+    peak_memory_device: str | None
+    kernels: Maybe[list[NamedStat]]
+    """Per kernel name: time per step (ns, median over ranks) and launches per step."""
+    collectives: Maybe[list[NamedStat]]
+    """Per ``collective size_bucket``: bus bandwidth (GB/s, median over ranks), count."""
+    copies: Maybe[list[NamedStat]]
+    """Per ``direction host_memory``: copy bandwidth (GB/s, median over ranks), bytes."""
+    collectives_per_step: Maybe[dict[str, float]]
+    """Collective kind -> median number issued per step: the step-structure check."""
+
+
+def _distinct(store: SQLStore, query: str, run: str) -> list[Any]:
+    return [row["v"] for row in store.sql(query, {"run": run}).to_pylist()]
+
+
+def _process_groups(infos: list[str | None]) -> tuple[str, ...] | None:
+    groups: set[str] = set()
+    seen = False
+    for text in infos:
+        if not text:
+            continue
+        config = json.loads(text).get("pg_config")
+        if not isinstance(config, list):
+            continue
+        seen = True
+        for pg in config:
+            if isinstance(pg, dict):
+                groups.add(f"{pg.get('pg_desc') or pg.get('pg_name')} (size {pg.get('pg_size')})")
+    return tuple(sorted(groups)) if seen else None
+
+
+def run_facts(store: SQLStore, run: str) -> RunFacts:
+    """Hardware and layout of ``run`` from its ``sources`` rows (raises ``UsageError`` if unknown)."""
+    from stepscope.errors import UsageError
+
+    rows = store.sql(
+        "SELECT rank, run_name, world_size, backend, gpu_name, gpu_count, distributed_info "
+        "FROM sources WHERE run = $run ORDER BY rank", {"run": run}).to_pylist()
+    if not rows:
+        known = _distinct(store, "SELECT DISTINCT run AS v FROM sources WHERE $run IS NOT NULL ORDER BY v", run)
+        raise UsageError(f"no run {run!r} in the store (runs: {', '.join(known) or 'none'})")
+    steps = store.sql("SELECT max(n) AS n FROM (SELECT rank, count(*) AS n FROM steps WHERE run = $run "
+                      "GROUP BY rank)", {"run": run}).to_pylist()[0]["n"] or 0
+
+    def first(key: str) -> Any:
+        return next((r[key] for r in rows if r[key] is not None), None)
+
+    counts = [r["gpu_count"] for r in rows if r["gpu_count"] is not None]
+    sizes = [r["world_size"] for r in rows if r["world_size"] is not None]
+    return RunFacts(
+        run=run,
+        name=first("run_name"),
+        ranks=tuple(sorted({r["rank"] for r in rows})),
+        world_size=max(sizes) if sizes else None,
+        backend=first("backend"),
+        gpu_names=tuple(sorted({r["gpu_name"] for r in rows if r["gpu_name"]})),
+        gpu_count=max(counts) if counts else None,
+        process_groups=_process_groups([r["distributed_info"] for r in rows]),
+        steps=int(steps),
+    )
+
+
+def _step_times(store: SQLStore, run: str) -> list[float]:
+    """Wall time of every training step the collector timed (empty when it timed none)."""
+    rows = store.sql("SELECT wall_ns FROM step_times WHERE run = $run ORDER BY rank, step", {"run": run})
+    return [float(v) for v in rows.column("wall_ns").to_pylist()]
+
+
+def step_samples(store: SQLStore, run: str, *, use_step_times: bool) -> tuple[str, dict[str, Maybe[list[float]]]]:
+    """Per-step values of the step time and of each step part, and where the step time came from.
+
+    The step time is the collector's ``step_times.wall_ns`` (every training step of the run) when
+    ``use_step_times``, else the step windows of :func:`~stepscope.analysis.breakdown.step_windows`
+    (the profiled steps only). The parts always come from the profiled steps' breakdown.
+    """
+    from stepscope.analysis.breakdown import step_breakdown, step_windows
+
+    samples: dict[str, Maybe[list[float]]] = {}
+    if use_step_times:
+        source = STEP_TIMES_SOURCE
+        samples["step_time"] = _step_times(store, run)
+    else:
+        source = STEP_WINDOWS_SOURCE
+        windows = [float(v) for v in step_windows(store, run).column("dur_ns").to_pylist()]
+        samples["step_time"] = windows or Absent("no ProfilerStep#N annotations in this run's traces")
+    breakdown = step_breakdown(store, run)
+    for metric, column, _label in STEP_PARTS:
+        if isinstance(breakdown, Absent):
+            samples[metric] = breakdown
+        else:
+            samples[metric] = [float(v) for v in breakdown.column(column).to_pylist()]
+    return source, samples
+
+
+def has_step_times(store: SQLStore, run: str) -> bool:
+    return store.sql("SELECT count(*) AS n FROM step_times WHERE run = $run", {"run": run}).to_pylist()[0]["n"] > 0
+
+
+def _optional(module: str, function: str) -> Callable[..., Any] | Absent:
+    """An analysis function that may not exist in this version: the function, or why not."""
+    try:
+        return getattr(import_module(module), function)
+    except (ImportError, AttributeError):
+        return Absent(f"not available: this stepscope has no {module}.{function}")
+
+
+def peak_memory_samples(store: SQLStore, run: str) -> tuple[Maybe[list[float]], str | None]:
+    """Per-step allocated-memory peaks from :func:`stepscope.analysis.memory.step_peaks`: GPU rows
+    when there are any, else host rows. Rows outside every step count too (a peak is a peak)."""
+    step_peaks = _optional("stepscope.analysis.memory", "step_peaks")
+    if isinstance(step_peaks, Absent):
+        return step_peaks, None
+    rows = step_peaks(store, run).to_pylist()
+    for device_type, label in ((1, "gpu"), (0, "cpu")):
+        values = [float(r["peak_allocated_bytes"]) for r in rows
+                  if r["device_type"] == device_type and r["peak_allocated_bytes"] is not None]
+        if values:
+            return values, label
+    return Absent("no [memory] events in this run's traces (record with profile_memory=True)"), None
+
+
+def _median_over_ranks(per_rank: dict[str, list[float]]) -> dict[str, float]:
+    return {key: statistics.median(values) for key, values in per_rank.items() if values}
+
+
+TOP_KERNELS = 50
+"""Kernels matched by name among each run's top 50 by time (a kernel that leaves one run's top 50
+shows as added or removed)."""
+
+
+def kernel_stats(store: SQLStore, run: str, steps: int) -> Maybe[list[NamedStat]]:
+    """Per GPU activity name: time and launches per profiled step (median over ranks), from
+    :func:`stepscope.analysis.kernels.top_kernels` (which counts work launched inside steps)."""
+    top_kernels = _optional("stepscope.analysis.kernels", "top_kernels")
+    if isinstance(top_kernels, Absent):
+        return top_kernels
+    if steps == 0:
+        return Absent("no ProfilerStep#N annotations: kernel time per step is undefined")
+    times: dict[str, list[float]] = defaultdict(list)
+    counts: dict[str, list[float]] = defaultdict(list)
+    for row in top_kernels(store, run, TOP_KERNELS).to_pylist():
+        times[row["name"]].append(row["total_ns"] / steps)
+        counts[row["name"]].append(row["count"] / steps)
+    if not times:
+        return Absent("no GPU kernels in this run's traces")
+    med_t, med_c = _median_over_ranks(times), _median_over_ranks(counts)
+    return [NamedStat(name, med_t[name], med_c.get(name)) for name in sorted(med_t)]
+
+
+def collective_stats(store: SQLStore, run: str) -> Maybe[list[NamedStat]]:
+    """Per collective and message-size bucket: bus bandwidth (median over ranks) and count."""
+    from stepscope.analysis.comm import collective_summary
+
+    rows = collective_summary(store, run).to_pylist()
+    if not rows:
+        return Absent("no communication kernels in this run's traces")
+    bw: dict[str, list[float]] = defaultdict(list)
+    count: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        key = f"{row['collective'] or 'unknown'} {row['size_bucket'] or '(size unknown)'}"
+        count[key].append(float(row["count"]))
+        if row["busbw_gbps"] is not None:
+            bw[key].append(row["busbw_gbps"])
+    med_bw, med_count = _median_over_ranks(bw), _median_over_ranks(count)
+    return [NamedStat(key, med_bw.get(key), med_count[key]) for key in sorted(med_count)]
+
+
+def collectives_per_step(store: SQLStore, run: str) -> Maybe[dict[str, float]]:
+    """Collective kind -> median count per (rank, step), from the per-kernel table of
+    :func:`stepscope.analysis.comm.collective_kernels` (kernels outside any step are left out)."""
+    from stepscope.analysis.comm import collective_kernels
+
+    per: dict[str, dict[tuple[int, int], int]] = defaultdict(lambda: defaultdict(int))
+    rank_steps: set[tuple[int, int]] = set()
+    for row in collective_kernels(store, run).to_pylist():
+        if row["step"] is None:
+            continue
+        per[row["collective"] or "unknown"][(row["rank"], row["step"])] += 1
+        rank_steps.add((row["rank"], row["step"]))
+    if not rank_steps:
+        return Absent("no communication kernels inside steps")
+    return {kind: statistics.median([by_step.get(rs, 0) for rs in sorted(rank_steps)])
+            for kind, by_step in sorted(per.items())}
+
+
+def copy_stats(store: SQLStore, run: str) -> Maybe[list[NamedStat]]:
+    """Per copy direction and host memory: achieved bandwidth (median over ranks) and bytes."""
+    from stepscope.analysis.copies import copy_summary
+
+    rows = copy_summary(store, run, per_step=False).to_pylist()
+    if not rows:
+        return Absent("no memcpy events in this run's traces")
+    bw: dict[str, list[float]] = defaultdict(list)
+    size: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        key = f"{row['direction']} {row['host_memory'] or ''}".strip()
+        size[key].append(float(row["bytes"] or 0))
+        if row["bandwidth_gbps"] is not None:
+            bw[key].append(row["bandwidth_gbps"])
+    med_bw, med_size = _median_over_ranks(bw), _median_over_ranks(size)
+    return [NamedStat(key, med_bw.get(key), med_size[key]) for key in sorted(med_size)]
+
+
+def run_profile(store: SQLStore, run: str, *, use_step_times: bool) -> RunProfile:
+    """Gather everything the comparison needs about ``run``."""
+    facts = run_facts(store, run)
+    source, samples = step_samples(store, run, use_step_times=use_step_times)
+    peaks, device = peak_memory_samples(store, run)
+    return RunProfile(
+        facts=facts,
+        step_source=source,
+        samples=samples,
+        peak_memory=peaks,
+        peak_memory_device=device,
+        kernels=kernel_stats(store, run, facts.steps),
+        collectives=collective_stats(store, run),
+        copies=copy_stats(store, run),
+        collectives_per_step=collectives_per_step(store, run),
+    )

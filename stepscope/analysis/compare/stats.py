@@ -1,0 +1,134 @@
+"""Small, dependency-free statistics for the regression gate: spread and Mann-Whitney U.
+
+Why not scipy: it is a heavy dependency for two formulas, and the gate must give the same answer
+on every machine. Everything here is exact arithmetic on Python floats, no randomness.
+
+The Mann-Whitney U test asks whether values drawn from one run tend to be larger than values
+drawn from the other, without assuming a distribution (step times are skewed and have outliers).
+For small samples without ties the p-value is exact (the distribution of U is counted by dynamic
+programming); otherwise the normal approximation with tie and continuity corrections is used
+(the same approximation as ``scipy.stats.mannwhitneyu(method="asymptotic")``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+EXACT_MAX_N = 50
+"""Below this many values per side (and without ties) the p-value is exact, not approximated."""
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median and spread of a sample: quartiles (linear interpolation), extremes and size."""
+
+    n: int
+    median: float
+    p25: float
+    p75: float
+    min: float
+    max: float
+
+    def to_json(self) -> dict[str, float | int]:
+        return {"n": self.n, "median": self.median, "p25": self.p25, "p75": self.p75,
+                "min": self.min, "max": self.max}
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile of already sorted values (numpy's default method)."""
+    if not sorted_values:
+        raise ValueError("quantile of no values")
+    pos = (len(sorted_values) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """Median, quartiles and extremes of ``values`` (at least one)."""
+    s = sorted(values)
+    return Spread(len(s), quantile(s, 0.5), quantile(s, 0.25), quantile(s, 0.75), s[0], s[-1])
+
+
+@dataclass(frozen=True)
+class MannWhitney:
+    """Result of a one-sided Mann-Whitney U test that ``y`` tends to exceed ``x``.
+
+    ``u`` counts the pairs (x_i, y_j) with y_j > x_i (ties count one half); ``p_value`` is the
+    one-sided p-value of that count under "same distribution"; ``method`` is ``exact`` or
+    ``normal``; ``min_p`` is the smallest p-value these sample sizes can ever give (when it is
+    above the significance level, the test cannot detect anything and says so).
+    """
+
+    n_x: int
+    n_y: int
+    u: float
+    p_value: float
+    method: str
+    min_p: float
+
+
+def _ranks(values: Sequence[float]) -> tuple[list[float], list[int]]:
+    """Mid-ranks (1-based, ties get their average rank) and the sizes of the tie groups."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    ties: list[int] = []
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        rank = (i + j) / 2 + 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = rank
+        ties.append(j - i + 1)
+        i = j + 1
+    return ranks, ties
+
+
+def _exact_upper_tail(n_x: int, n_y: int, u: int) -> float:
+    """P(U >= u) under "same distribution", counted exactly.
+
+    The number of arrangements of the two samples with U = k is the coefficient of q^k in the
+    Gaussian binomial [n_x + n_y choose n_y]_q = prod_{i=1..n_y} (1 - q^(n_x+i)) / (1 - q^i):
+    integer polynomial products and exact divisions, O(n_y * n_x * n_y) operations.
+    """
+    poly = [1]
+    for i in range(1, n_y + 1):
+        shift = n_x + i
+        grown = poly + [0] * shift
+        for k in range(len(grown) - 1, shift - 1, -1):
+            grown[k] -= grown[k - shift]
+        # Divide by (1 - q^i): r[k] = grown[k] + r[k - i]; the division is exact.
+        for k in range(i, len(grown)):
+            grown[k] += grown[k - i]
+        poly = grown[: len(grown) - i]
+    return sum(poly[u:]) / math.comb(n_x + n_y, n_x)
+
+
+def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> MannWhitney:
+    """One-sided Mann-Whitney U test of "y tends to be larger than x" (both non-empty)."""
+    n_x, n_y = len(x), len(y)
+    if n_x == 0 or n_y == 0:
+        raise ValueError("Mann-Whitney needs values on both sides")
+    ranks, ties = _ranks([*x, *y])
+    rank_sum_y = sum(ranks[n_x:])
+    u = rank_sum_y - n_y * (n_y + 1) / 2
+    min_p = 1 / math.comb(n_x + n_y, n_x)
+    if max(n_x, n_y) <= EXACT_MAX_N and all(t == 1 for t in ties):
+        return MannWhitney(n_x, n_y, u, _exact_upper_tail(n_x, n_y, int(u)), "exact", min_p)
+    n = n_x + n_y
+    mean = n_x * n_y / 2
+    tie_term = sum(t**3 - t for t in ties) / (n * (n - 1))
+    var = n_x * n_y / 12 * ((n + 1) - tie_term)
+    if var <= 0:  # every value equal: nothing differs
+        return MannWhitney(n_x, n_y, u, 1.0, "normal", min_p)
+    z = (u - mean - 0.5) / math.sqrt(var)
+    return MannWhitney(n_x, n_y, u, 0.5 * math.erfc(z / math.sqrt(2)), "normal", min_p)
+
+
+def mann_whitney_less(x: Sequence[float], y: Sequence[float]) -> MannWhitney:
+    """One-sided test of "y tends to be smaller than x" (the mirror of :func:`mann_whitney_greater`)."""
+    return mann_whitney_greater([-v for v in x], [-v for v in y])

@@ -1,0 +1,76 @@
+"""Resolve what the user names on the command line into (store, run): a run id, a baseline name,
+a store folder, or trace files/folders ingested on the fly into a temporary store."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from stepscope.errors import TraceFormatError, UsageError
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A run in a store, and how it was named (for messages)."""
+
+    store: Path
+    run: str
+    named_as: str
+    baseline_name: str | None = None
+
+
+def _store_runs(store: Path) -> list[str]:
+    return sorted(p.name.removeprefix("run=") for p in (store / "sources").glob("run=*"))
+
+
+def resolve(spec: str, store: Path | None, stack: contextlib.ExitStack) -> RunRef:
+    """``spec`` is tried as: a baseline name in ``store``, a run of ``store``, a store folder
+    (holding one run, or ``STORE::RUN``), then trace files or folders, ingested into a
+    temporary store that lives as long as ``stack``."""
+    from stepscope.store.baselines import baseline_run
+    from stepscope.store.writer import run_id
+
+    if store is not None:
+        named = baseline_run(store, spec)
+        if named is not None:
+            return RunRef(store, named, spec, baseline_name=spec)
+        if run_id(spec) in _store_runs(store):
+            return RunRef(store, run_id(spec), spec)
+    folder, sep, run = spec.partition("::")
+    path = Path(folder)
+    if (path / "sources").is_dir():
+        runs = _store_runs(path)
+        if sep:
+            if run_id(run) not in runs:
+                raise UsageError(f"{spec}: no run {run!r} in store {path} (runs: {', '.join(runs) or 'none'})")
+            return RunRef(path, run_id(run), spec)
+        if len(runs) != 1:
+            raise UsageError(f"{spec}: store holds {len(runs)} runs ({', '.join(runs)}); name one as {path}::RUN")
+        return RunRef(path, runs[0], spec)
+    if path.exists():
+        return _ingest(path, stack)
+    where = f" in store {store}" if store is not None else ""
+    raise UsageError(f"{spec}: not a baseline name or run{where}, nor a store or trace folder")
+
+
+def _ingest(path: Path, stack: contextlib.ExitStack) -> RunRef:
+    from stepscope.store.ingest import default_run_name, find_trace_files, ingest_paths
+
+    files = find_trace_files([path])
+    if not files:
+        raise UsageError(f"{path}: no trace files (*.json, *.json.gz) here")
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="stepscope-compare-")))
+    report = ingest_paths(files, tmp, default_run_name(files))
+    if report.errors:
+        raise TraceFormatError(path, "unreadable trace: " + "; ".join(report.errors))
+    return RunRef(tmp, report.run, str(path))
+
+
+@contextlib.contextmanager
+def resolved(specs: list[str], store: Path | None) -> Iterator[list[RunRef]]:
+    """Resolve several specs; temporary stores are removed on exit."""
+    with contextlib.ExitStack() as stack:
+        yield [resolve(spec, store, stack) for spec in specs]

@@ -1,0 +1,126 @@
+"""The comparison as titled tables of strings, built once from the JSON contract and laid out
+by the terminal and Markdown renderers (so both show the same rows with the same figures)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stepscope.analysis.compare.comparison import format_value
+
+TOP_NAMED = 10
+"""Kernels, collectives and copies shown: the largest moves first."""
+
+NAME_WIDTH = 90
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    note: str | None
+    header: list[str]
+    rows: list[list[str]]
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.1f}%"
+
+
+def _p(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2g}"
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 3] + "..."
+
+
+def _delta(value: float | None, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    return ("+" if value > 0 else "") + format_value(value, unit) if value else "0"
+
+
+def headline(doc: dict[str, Any]) -> str:
+    """``PASS``/``REGRESSION``/``INCONCLUSIVE``: baseline run -> candidate run."""
+    return (f"{doc['verdict']['status'].upper()}: baseline {doc['baseline']['run']} -> "
+            f"candidate {doc['candidate']['run']}")
+
+
+def run_line(facts: dict[str, Any]) -> str:
+    gpus = ", ".join(facts["gpu_names"]) or "no GPU recorded"
+    count = f" x{facts['gpu_count']}" if facts["gpu_count"] else ""
+    world = f", world size {facts['world_size']}" if facts["world_size"] else ""
+    return f"{facts['run']}: {gpus}{count}{world}, ranks {', '.join(map(str, facts['ranks']))}, {facts['steps']} profiled steps"
+
+
+def budget_table(doc: dict[str, Any]) -> Table:
+    judged = doc["verdict"]["status"] != "inconclusive"
+    rows = []
+    for b in doc["budgets"]:
+        result = b["status"].upper() if judged else "not judged"
+        rows.append([b["budget"], format_value(b["baseline"], b["unit"]), format_value(b["candidate"], b["unit"]),
+                     _pct(b["delta_pct"]), b["decided_by"], result])
+    return Table("Budgets", None, ["budget", "baseline", "candidate", "change", "decided by", "result"], rows)
+
+
+def metric_table(doc: dict[str, Any]) -> Table:
+    rows = []
+    for m in doc["metrics"]:
+        def side(s: dict[str, Any] | None) -> str:
+            if s is None:
+                return "n/a"
+            if m["statistic"] == "max":
+                return format_value(s["max"], m["unit"])
+            return (f"{format_value(s['median'], m['unit'])} "
+                    f"[{format_value(s['p25'], m['unit'])}-{format_value(s['p75'], m['unit'])}]")
+        worse = m["p_increase"] if (m["delta"] or 0) >= 0 else m["p_decrease"]
+        rows.append([m["label"], side(m["baseline"]), side(m["candidate"]), _delta(m["delta"], m["unit"]),
+                     _pct(m["delta_pct"]), _p(worse)])
+    note = (f"median per step over ranks and steps [p25-p75]; peak memory: the highest step peak. "
+            f"Step time from {doc['step_time_source']}. p: one-sided Mann-Whitney U in the direction "
+            f"of the change (alpha {doc['alpha']:g}).")
+    return Table("Step breakdown", note, ["metric", "baseline", "candidate", "delta", "change", "p"], rows)
+
+
+def _named_rows(items: list[dict[str, Any]], unit: str) -> list[list[str]]:
+    moved = [i for i in items if i["status"] != "same"]
+    moved.sort(key=lambda i: (-abs((i["candidate"] or 0) - (i["baseline"] or 0)), i["name"]))
+    return [[_short(i["name"]), i["status"], format_value(i["baseline"], unit), format_value(i["candidate"], unit),
+             _pct(i["delta_pct"])] for i in moved[:TOP_NAMED]]
+
+
+def named_table(doc: dict[str, Any], key: str, title: str, unit: str, what: str) -> Table:
+    items = doc[key]
+    header = [what, "status", "baseline", "candidate", "change"]
+    if items is None:
+        return Table(title, doc.get("absent_reasons", {}).get(key, "not available"), header, [])
+    rows = _named_rows(items, unit)
+    note = None if rows else "no differences"
+    return Table(title, note, header, rows)
+
+
+def comparability_table(doc: dict[str, Any]) -> Table:
+    def show(v: Any) -> str:
+        if v is None:
+            return "n/a"
+        if isinstance(v, list):
+            return _short(", ".join(str(x) for x in v)) or "none"
+        if isinstance(v, dict):
+            return ", ".join(f"{k} {x:g}" for k, x in v.items()) or "none"
+        return str(v)
+
+    rows = [[c["check"], {True: "ok", False: "DIFFERS", None: "not checked"}[c["ok"]], show(c["baseline"]),
+             show(c["candidate"])] for c in doc["comparability"]["checks"]]
+    return Table("Comparability", None, ["check", "result", "baseline", "candidate"], rows)
+
+
+def tables(doc: dict[str, Any]) -> list[Table]:
+    """Every table of the report, in order."""
+    return [
+        budget_table(doc),
+        metric_table(doc),
+        named_table(doc, "kernels", "Kernels (time per step, largest changes)", "ns", "kernel"),
+        named_table(doc, "collectives", "Collectives (bus bandwidth)", "gbps", "collective"),
+        named_table(doc, "copies", "Copies (bandwidth)", "gbps", "copy"),
+        comparability_table(doc),
+    ]

@@ -1,0 +1,95 @@
+"""The CI gate's records in a store: named baselines and accepted changes.
+
+``<store>/baselines.json`` maps a name (a branch or tag: ``main``, ``release/2.1``) to the run
+that later comparisons start from, with the history of earlier choices. ``<store>/acceptances/
+<run>.json`` keeps, beside the run, why a known change was accepted. Both are small JSON files
+written atomically (temporary file, fsync, rename), so a reader never sees half a file and a
+crash leaves the previous version.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from stepscope.errors import StoreError, UsageError
+
+BASELINES_FILE = "baselines.json"
+ACCEPTANCES_DIR = "acceptances"
+RECORDS_VERSION = 1
+_NAME = re.compile(r"^[A-Za-z0-9._/-]{1,200}$")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise StoreError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def load_baselines(store: Path | str) -> dict[str, dict[str, Any]]:
+    """Name -> ``{"run", "set_at", "reason", "history"}``; empty when none was ever set."""
+    path = Path(store) / BASELINES_FILE
+    if not path.exists():
+        return {}
+    data = _read(path)
+    if not isinstance(data, dict) or not isinstance(data.get("baselines"), dict):
+        raise StoreError(f"{path}: expected an object with a 'baselines' object")
+    return data["baselines"]
+
+
+def set_baseline(store: Path | str, name: str, run: str, *, reason: str | None = None) -> dict[str, Any]:
+    """Name ``run`` as the baseline ``name``; the previous run of that name goes into its history."""
+    if not _NAME.match(name):
+        raise UsageError(f"baseline name {name!r}: use letters, digits and . _ / - (a branch or tag name)")
+    baselines = load_baselines(store)
+    previous = baselines.get(name)
+    history = list(previous.get("history", [])) if previous else []
+    if previous:
+        history.append({k: previous.get(k) for k in ("run", "set_at", "reason")})
+    entry = {"run": run, "set_at": _now(), "reason": reason, "history": history}
+    baselines[name] = entry
+    write_json_atomic(Path(store) / BASELINES_FILE, {"version": RECORDS_VERSION, "baselines": baselines})
+    return entry
+
+
+def baseline_run(store: Path | str, name: str) -> str | None:
+    """The run named by baseline ``name``, or None when there is no such baseline."""
+    entry = load_baselines(store).get(name)
+    return entry["run"] if entry else None
+
+
+def record_acceptance(store: Path | str, run: str, reason: str, *, baseline: str | None,
+                      compared_to: str | None) -> Path:
+    """Keep why ``run``'s change was accepted, beside the run: ``acceptances/<run>.json``."""
+    if not reason.strip():
+        raise UsageError("--reason must say why the change is accepted")
+    path = Path(store) / ACCEPTANCES_DIR / f"{run}.json"
+    write_json_atomic(path, {"version": RECORDS_VERSION, "run": run, "reason": reason, "accepted_at": _now(),
+                             "baseline": baseline, "previous_baseline_run": compared_to})
+    return path
+
+
+def load_acceptance(store: Path | str, run: str) -> dict[str, Any] | None:
+    path = Path(store) / ACCEPTANCES_DIR / f"{run}.json"
+    return _read(path) if path.exists() else None
