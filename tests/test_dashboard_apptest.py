@@ -1,0 +1,350 @@
+"""Every dashboard page in Streamlit's AppTest, on real shared traces and on the sample traces.
+
+Each page must render without an exception or an error message, and the figures it shows must
+be the analysis layer's own (the dashboard only renders). Where a count can be taken straight
+from the raw JSON (events, collectives, copies), the page is checked against that too.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from stepscope.store import open_store  # noqa: E402
+from stepscope.store.ingest import ingest_paths  # noqa: E402
+from tests.conftest import REPO, load_raw, write_trace  # noqa: E402
+
+APP = REPO / "stepscope" / "dashboard" / "app.py"
+PAGES = ("runs", "overview", "communication", "copies", "memory", "kernels", "compare", "sql")
+SHARED_RUNS = {
+    "control": ["hta/trace_diff/control/control.json.gz"],
+    "test": ["hta/trace_diff/test/test.json.gz"],
+    "sampled": ["hta/trace_filter/sampled_rank-0.json.gz", "hta/trace_filter/sampled_rank-1.json.gz"],
+    "dfir": ["hta/df_index_resolver/df_index_resolver.json.gz"],
+}
+
+
+@pytest.fixture(scope="session")
+def shared_store(tmp_path_factory: pytest.TempPathFactory, shared_traces: Path) -> Path:
+    root = tmp_path_factory.mktemp("dash-shared")
+    for run, files in SHARED_RUNS.items():
+        report = ingest_paths([shared_traces / f for f in files], root, run)
+        assert report.ok, report.errors
+    return root
+
+
+def _tiny_trace(path: Path, rank: int) -> Path:
+    """Two profiled steps with a compute kernel, an NCCL all-reduce and an H2D copy each."""
+    events: list[dict[str, Any]] = []
+    for step in range(2):
+        t = 1_000 * step
+        events += [
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "ts": t, "dur": 900, "pid": 1, "tid": 1},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t + 10, "dur": 5, "pid": 1, "tid": 1,
+             "args": {"correlation": 10 * step + 1}},
+            {"ph": "X", "cat": "kernel", "name": "volta_sgemm", "ts": t + 20, "dur": 300, "pid": 0, "tid": 7,
+             "args": {"correlation": 10 * step + 1, "stream": 7, "device": 0}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t + 30, "dur": 5, "pid": 1, "tid": 1,
+             "args": {"correlation": 10 * step + 2}},
+            {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ts": t + 400 + rank * 7,
+             "dur": 200, "pid": 0, "tid": 20, "args": {"correlation": 10 * step + 2, "stream": 20, "device": 0}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": t + 40, "dur": 5, "pid": 1, "tid": 1,
+             "args": {"correlation": 10 * step + 3}},
+            {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": t + 650, "dur": 100,
+             "pid": 0, "tid": 21, "args": {"correlation": 10 * step + 3, "stream": 21, "device": 0, "bytes": 1 << 24}},
+            {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "ts": t + 15, "pid": 1, "tid": 1,
+             "args": {"Addr": 4096 + step, "Bytes": 1 << 20, "Total Allocated": (step + 1) << 20,
+                      "Total Reserved": 4 << 20, "Device Type": 1, "Device Id": 0}},
+        ]
+    return write_trace(path, events, distributedInfo={"rank": rank, "world_size": 2, "backend": "nccl"},
+                       deviceProperties=[{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 85899345920}])
+
+
+@pytest.fixture(scope="session")
+def sample_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled sample traces (``sample_traces/<run>/``), or a tiny generated run when absent."""
+    root = tmp_path_factory.mktemp("dash-sample")
+    folders = sorted(p for p in (REPO / "sample_traces").glob("*") if p.is_dir())
+    if not folders:
+        traces = tmp_path_factory.mktemp("tiny")
+        folders = [traces]
+        for rank in range(2):
+            _tiny_trace(traces / f"rank{rank}.json", rank)
+    for folder in folders:
+        report = ingest_paths([folder], root, folder.name)
+        assert report.ok, report.errors
+    return root
+
+
+def app_for(root: Path | str, monkeypatch: pytest.MonkeyPatch, **query: str) -> AppTest:
+    monkeypatch.setattr(sys, "argv", ["app.py", "--store", str(root)])
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    for key, value in query.items():
+        at.query_params[key] = value
+    return at
+
+
+def open_page(root: Path | str, page: str, monkeypatch: pytest.MonkeyPatch, **query: str) -> AppTest:
+    at = app_for(root, monkeypatch, **query)
+    at.run()
+    at.switch_page(f"views/{page}.py")
+    at.run()
+    return at
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def table_with(at: AppTest, *columns: str) -> Any:
+    """The first dataframe shown that has all ``columns``."""
+    for element in at.dataframe:
+        df = element.value
+        if all(c in df.columns for c in columns):
+            return df
+    raise AssertionError(f"no table with columns {columns}; shown: {[list(e.value.columns) for e in at.dataframe]}")
+
+
+# ---- every page renders cleanly on both stores ---------------------------------------------
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_renders_on_sample_traces(sample_store: Path, page: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(sample_store, page, monkeypatch)
+    assert_clean(at)
+    assert at.title, "page has no title"
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("page,run", [(p, r) for p in PAGES for r in ("dfir", "sampled")])
+def test_page_renders_on_shared_traces(shared_store: Path, page: str, run: str,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(shared_store, page, monkeypatch, run=run, baseline="control")
+    assert_clean(at)
+    assert run in at.title[0].value or page in ("runs", "compare", "sql")
+
+
+# ---- the figures shown are the analysis layer's ------------------------------------------------
+
+
+MANIFEST_EVENTS = {"control": 109123, "test": 105167, "sampled": 4855 + 4720, "dfir": 216092}
+"""``traceEvents`` lengths counted from the raw JSON in ../shared/traces/MANIFEST.md."""
+
+
+@pytest.mark.shared
+def test_runs_page_counts_events_of_each_trace(shared_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(shared_store, "runs", monkeypatch)
+    assert_clean(at)
+    runs = table_with(at, "run", "events").set_index("run")
+    for run, events in MANIFEST_EVENTS.items():
+        assert runs.loc[run, "events"] == events
+    assert len(at.get("download_button")) == 1  # the default run (the last ingested: dfir) has one rank
+
+
+@pytest.mark.shared
+def test_overview_shows_the_step_breakdown(shared_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepscope.analysis.breakdown import rank_totals, step_breakdown
+
+    at = open_page(shared_store, "overview", monkeypatch, run="dfir")
+    assert_clean(at)
+    with open_store(shared_store) as store:
+        expected = step_breakdown(store, "dfir").to_pandas()
+        totals = rank_totals(store, "dfir").to_pandas().iloc[0]
+    shown = table_with(at, "compute_ms", "idle_ms")
+    assert list(shown["step"]) == list(expected["step"])
+    for part in ("compute", "comm_exposed", "memcpy_d2d_exposed", "idle", "dur"):
+        assert list(shown[f"{part}_ms"]) == list(expected[f"{part}_ns"] / 1e6)
+    busy = next(m for m in at.metric if m.label == "GPU busy (ms)")
+    assert busy.value == f"{totals['gpu_busy_ns'] / 1e6:,.2f}"
+    assert len(at.get("vega_lite_chart")) >= 2
+    messages = [e.label for e in at.expander]
+    assert any("all_reduce in backward exposed" in m for m in messages)  # the comm.exposed finding
+
+
+@pytest.mark.shared
+def test_overview_step_filter_selects_rows(shared_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(shared_store, "overview", monkeypatch, run="dfir", steps="3-4")
+    assert_clean(at)
+    assert list(table_with(at, "comm_exposed_ms")["step"]) == [3, 4]
+    assert at.query_params["steps"] in ("3-4", ["3-4"])
+
+
+@pytest.mark.shared
+def test_communication_counts_collectives(shared_store: Path, shared_traces: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepscope.analysis.comm import collective_summary
+
+    at = open_page(shared_store, "communication", monkeypatch, run="sampled")
+    assert_clean(at)
+    shown = table_with(at, "collective", "count", "exposed_ms")
+    with open_store(shared_store) as store:
+        expected = collective_summary(store, "sampled").to_pandas()
+    assert list(shown["count"]) == list(expected["count"])
+    assert list(shown["exposed_ms"]) == list(expected["exposed_ns"] / 1e6)
+    # Independent count: NCCL kernels in each raw trace (MANIFEST: 10 per rank).
+    for rank, f in enumerate(SHARED_RUNS["sampled"]):
+        raw = load_raw(shared_traces / f)["traceEvents"]
+        nccl = sum(1 for e in raw if e.get("cat") == "kernel" and e.get("name", "").startswith("nccl"))
+        assert shown.loc[shown["rank"] == rank, "count"].sum() == nccl == 10
+    assert table_with(at, "last_pct", "instances") is not None  # stragglers: two ranks present
+
+
+@pytest.mark.shared
+def test_copies_page_counts_h2d_copies(shared_store: Path, shared_traces: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepscope.analysis.copies import copy_summary
+
+    at = open_page(shared_store, "copies", monkeypatch, run="control")
+    assert_clean(at)
+    shown = table_with(at, "direction", "host_memory", "count", "bandwidth_gbps", "gib")
+    with open_store(shared_store) as store:
+        expected = copy_summary(store, "control", per_step=False).to_pandas()
+    assert list(shown["bytes"]) == list(expected["bytes"])
+    assert list(shown["bandwidth_gbps"]) == list(expected["bandwidth_gbps"])
+    raw = load_raw(shared_traces / SHARED_RUNS["control"][0])["traceEvents"]
+    h2d = [e for e in raw if e.get("cat") == "gpu_memcpy" and "HtoD" in e.get("name", "")]
+    assert shown.loc[shown["direction"] == "h2d", "count"].sum() == len(h2d) == 150
+    assert shown.loc[shown["direction"] == "h2d", "bytes"].sum() == sum(e["args"]["bytes"] for e in h2d)
+    assert len(at.get("vega_lite_chart")) == 4  # bytes, bandwidth, hidden per step; bandwidth vs peak
+
+
+@pytest.mark.shared
+def test_memory_page_shows_step_peaks(shared_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepscope.analysis.memory import step_peaks
+
+    at = open_page(shared_store, "memory", monkeypatch, run="dfir")
+    assert_clean(at)
+    shown = table_with(at, "peak_allocated_bytes", "peak_allocated_gib")
+    with open_store(shared_store) as store:
+        expected = step_peaks(store, "dfir").to_pandas()
+    expected = expected[expected["step"].notna()]
+    shown = shown[shown["step"].notna()]
+    assert list(shown["peak_allocated_bytes"]) == list(expected["peak_allocated_bytes"])
+    assert len(at.get("vega_lite_chart")) == 1
+
+
+@pytest.mark.shared
+def test_kernels_page_shows_top_kernels(shared_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepscope.analysis.kernels import top_kernels
+
+    at = open_page(shared_store, "kernels", monkeypatch, run="dfir")
+    assert_clean(at)
+    shown = table_with(at, "rank_in_rank", "kind", "total_ms")
+    with open_store(shared_store) as store:
+        expected = top_kernels(store, "dfir", n=20).to_pandas()
+    assert list(shown["name"]) == list(expected["name"])
+    assert list(shown["total_ms"]) == list(expected["total_ns"] / 1e6)
+
+
+@pytest.mark.shared
+def test_compare_page_shows_the_comparison(shared_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepscope.analysis.compare.comparison import compare_runs
+
+    at = open_page(shared_store, "compare", monkeypatch, run="test", baseline="control")
+    assert_clean(at)
+    with open_store(shared_store) as store:
+        comparison = compare_runs(store, "control", store, "test")
+    shown = table_with(at, "metric", "baseline", "candidate", "delta_pct").set_index("metric")
+    step = comparison.metric("step_time")
+    assert shown.loc["step time", "baseline"] == step.base_value / 1e6
+    assert shown.loc["step time", "candidate"] == step.cand_value / 1e6
+    assert shown.loc["step time", "delta_pct"] == step.delta_pct
+    assert any("world size differs" in w.value for w in at.warning)
+
+
+def test_compare_without_baseline_says_so(sample_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(sample_store, "compare", monkeypatch)
+    assert_clean(at)
+    assert any("no baseline chosen" in i.value for i in at.info)
+
+
+# ---- SQL console -------------------------------------------------------------------------------
+
+
+def run_sql(at: AppTest, query: str) -> AppTest:
+    at.text_area(key="sql_query").set_value(query)
+    at.button[0].click()
+    at.run()
+    return at
+
+
+def test_sql_console_counts_and_refuses_writes(sample_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(sample_store, "sql", monkeypatch)
+    run = at.session_state["run"]
+    assert_clean(run_sql(at, "SELECT count(*) AS n FROM events WHERE run = $run"))
+    with open_store(sample_store) as store:
+        expected = store.sql("SELECT sum(event_count) AS n FROM sources WHERE run = ?", [run]).to_pylist()[0]["n"]
+    assert at.dataframe[-1].value["n"].tolist() == [expected]
+    for query, message in [
+        ("COPY (SELECT 1) TO 'x.csv'", "only SELECT"),
+        ("ATTACH 'x.db'", "only SELECT"),
+        ("INSTALL httpfs", "only SELECT"),
+        ("SELECT * FROM read_csv('/etc/passwd')", "SQL error"),
+        ("SELECT 1; SELECT 2", "exactly one"),
+    ]:
+        run_sql(at, query)
+        assert not at.exception
+        assert at.error and message in at.error[0].value, (query, [e.value for e in at.error])
+
+
+def test_sql_console_caps_rows_and_time(sample_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(sample_store, "sql", monkeypatch)
+    run_sql(at, "SELECT * FROM range(20000)")
+    assert len(at.dataframe[-1].value) == 10_000
+    assert any("cut at 10,000 rows" in c.value for c in at.caption)
+    at.session_state["sql_time_limit_s"] = 0.5
+    run_sql(at, "SELECT count(*) FROM range(1000000) a, range(1000000) b, range(1000) c")
+    assert at.error and "limit" in at.error[0].value
+
+
+# ---- bad stores and bad URLs -------------------------------------------------------------------
+
+
+def _only_error(at: AppTest) -> str:
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert len(at.error) == 1
+    return at.error[0].value
+
+
+def test_missing_store_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "no such store" in _only_error(app_for(tmp_path / "nope", monkeypatch))
+
+
+def test_empty_store_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "holds no runs" in _only_error(app_for(tmp_path, monkeypatch))
+
+
+def test_newer_store_says_so(sample_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from stepscope.store.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY
+
+    copy = tmp_path / "newer"
+    shutil.copytree(sample_store, copy)
+    part = next((copy / "sources").rglob("*.parquet"))
+    table = pq.read_table(part)
+    meta = {**table.schema.metadata, SCHEMA_VERSION_KEY: str(SCHEMA_VERSION + 1).encode()}
+    pq.write_table(table.replace_schema_metadata(meta), part)
+    assert "newer than this stepscope understands" in _only_error(app_for(copy, monkeypatch))
+
+
+def test_query_params_cannot_leave_the_store(sample_store: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    with open_store(sample_store) as store:
+        runs = store.sql("SELECT run FROM runs ORDER BY created_at, run").column("run").to_pylist()
+    at = open_page(sample_store, "overview", monkeypatch, run="../../etc", baseline="/etc/passwd",
+                   ranks="0,999", steps="x-y", store=str(tmp_path))
+    assert_clean(at)
+    assert at.session_state["run"] == runs[-1]  # unknown run ignored: the latest run is shown
+    assert at.session_state["baseline"] == "(none)"
+    assert at.query_params["run"] in (runs[-1], [runs[-1]])
+    assert "store" not in at.query_params
