@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "compare": "Compare two runs against budgets (exit 0 pass, 1 regression, 4 inconclusive).",
     "accept": "Accept a run's intended change: keep the reason and make it the baseline.",
     "baseline": "Name the run that comparisons start from, per branch or tag.",
+    "report": "Write one self-contained HTML report of a run (and its comparison with a baseline).",
 }
 """Subcommand name -> one-line help. The module is ``stepscope.commands.<name>``."""
 

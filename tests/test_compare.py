@@ -170,3 +170,17 @@ def test_trace_folders_are_ingested_on_the_fly(shared_traces: Path, capsys: pyte
     folder = str(shared_traces / "hta/trace_diff/control")
     assert main(["compare", folder, folder, "--format", "markdown"]) == 0
     assert "## stepscope compare: PASS" in capsys.readouterr().out
+
+
+def test_html_report_is_self_contained(gate_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    pytest.importorskip("vl_convert")
+    out = tmp_path / "report.html"
+    assert main(["report", "no_overlap", "--store", str(gate_store), "--baseline", "control", "--out", str(out),
+                 "--fail-on", "comm_exposed:+2ms"]) == 0
+    page = out.read_text()
+    assert not re.search(r"<script[^>]*\bsrc\s*=", page)  # nothing loaded from anywhere
+    assert not re.search(r"""(src|href)\s*=\s*["']https?:""", page)
+    assert page.count("vegaEmbed('#chart") == 2  # step breakdown and the comparison
+    assert "exposed communication: 14.5 ms -&gt; 20.4 ms" in page  # the violated budget, as in the Markdown

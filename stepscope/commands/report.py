@@ -1,0 +1,58 @@
+"""``stepscope report RUN --store DIR --out report.html [--baseline NAME|RUN]``: one self-contained
+HTML file (charts inlined, no network needed to view) with the run's overview and findings and,
+given ``--baseline``, the comparison with it; for CI artifacts and sharing."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run id, store folder (DIR or DIR::RUN) or trace folder")
+    parser.add_argument("--store", type=Path, help="store folder")
+    parser.add_argument("--out", type=Path, required=True, help="HTML file to write")
+    parser.add_argument("--baseline", help="baseline name or run to compare with")
+    parser.add_argument("--fail-on", action="append", default=[], metavar="METRIC:+N%", help="budget (as compare)")
+    parser.add_argument("--config", type=Path, help="stepscope.toml or pyproject.toml (as compare)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from stepscope.analysis.breakdown import step_breakdown
+    from stepscope.analysis.absent import Absent
+    from stepscope.analysis.compare.metrics import STEP_PARTS
+    from stepscope.analysis.summary import build_summary
+    from stepscope.commands._runs import resolved
+    from stepscope.commands.compare import gate
+    from stepscope.render import html_report
+    from stepscope.render.compare_json import to_json
+    from stepscope.render.compare_tables import run_line, tables
+    from stepscope.store import open_store
+
+    bundle = html_report.javascript_bundle()
+    with resolved([args.run], args.store) as (ref,), open_store(ref.store) as store:
+        summary = build_summary(store, ref.run)
+        breakdown = step_breakdown(store, ref.run)
+        from stepscope.analysis.compare.metrics import run_facts
+
+        overview = [run_line(run_facts(store, ref.run).to_json())]
+        charts = []
+        if not isinstance(breakdown, Absent):
+            charts.append(html_report.breakdown_chart(breakdown.to_pylist(), [(c, label) for _, c, label in STEP_PARTS]))
+        else:
+            overview.append(f"step breakdown: not available ({breakdown.reason})")
+        page_tables = []
+        if args.baseline:
+            comparison, verdict = gate(args.baseline, args.run, args.store, args.fail_on, args.config, None)
+            doc = to_json(comparison, verdict)
+            overview.append(f"compared with baseline {doc['baseline']['run']}: {doc['verdict']['status']}")
+            overview += [f"  {r}" for r in doc["verdict"]["reasons"]]
+            charts.append(html_report.comparison_chart(doc["metrics"]))
+            page_tables = tables(doc)
+            findings = summary["findings"] + doc["findings"]
+        else:
+            findings = summary["findings"]
+    page = html_report.render_report(f"stepscope report: {ref.run}", overview, findings, charts, page_tables, bundle)
+    args.out.write_text(page, encoding="utf-8")
+    print(f"wrote {args.out} ({len(page) / 1e6:.1f} MB, self-contained)")
+    return 0
