@@ -48,17 +48,13 @@ def launch_points_cte(gpu: str, out: str) -> str:
     """
     return f"""
 {out} AS (
-  SELECT g.point_id, l.source, l.pid, l.tid, l.ts_ns, l.ts_ns + coalesce(l.dur_ns, 0) AS end_ns
+  SELECT g.point_id, any_value(l.source) AS source, arg_min(l.pid, l.ts_ns) AS pid, arg_min(l.tid, l.ts_ns) AS tid,
+         min(l.ts_ns) AS ts_ns, arg_min(l.ts_ns + coalesce(l.dur_ns, 0), l.ts_ns) AS end_ns
   FROM {gpu} g
-  JOIN (
-    SELECT run, rank, source, correlation,
-           arg_min(pid, ts_ns) AS pid, arg_min(tid, ts_ns) AS tid,
-           min(ts_ns) AS ts_ns, arg_min(dur_ns, ts_ns) AS dur_ns
-    FROM events
-    WHERE kind IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
-      AND source IN (SELECT source FROM {gpu})
-    GROUP BY ALL
-  ) l ON l.run = g.run AND l.rank = g.rank AND l.source = g.source AND l.correlation = g.correlation
+  JOIN events l
+    ON l.run = g.run AND l.rank = g.rank AND l.source = g.source AND l.correlation = g.correlation
+   AND l.kind IN ('cuda_runtime', 'cuda_driver')
+  GROUP BY g.point_id
 )"""
 
 
@@ -74,7 +70,7 @@ def phase_cte(points: str, out: str) -> str:
   SELECT source, pid, tid, ts_ns, ts_ns + dur_ns AS end_ns, {MARKER_PHASE_SQL} AS priority
   FROM events
   WHERE kind IN ('cpu_op', 'user_annotation', 'python_function') AND dur_ns IS NOT NULL
-    AND source IN (SELECT source FROM {points})
+    AND (source, pid, tid) IN (SELECT (source, pid, tid) FROM {points})
     AND ({MARKER_PHASE_SQL}) IS NOT NULL
 ),
 {out} AS (
