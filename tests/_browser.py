@@ -9,6 +9,7 @@ rendered (its title present, the script finished, charts drawn), then capture. O
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import shutil
@@ -72,6 +73,7 @@ class Browser:
     def __init__(self, executable: str, profile: Path, width: int = 1440, height: int = 1800) -> None:
         from websockets.sync.client import connect
 
+        self._stack = contextlib.ExitStack()
         self.port = free_port()
         self.process = subprocess.Popen(
             [executable, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -83,7 +85,8 @@ class Browser:
         try:
             targets = json.loads(wait_http(f"http://127.0.0.1:{self.port}/json/list", 30))
             page = next(t for t in targets if t.get("type") == "page")
-            self.ws = connect(page["webSocketDebuggerUrl"], max_size=64 * 1024 * 1024, open_timeout=30)
+            self.ws = self._stack.enter_context(
+                connect(page["webSocketDebuggerUrl"], max_size=64 * 1024 * 1024, open_timeout=30))
         except BaseException:
             self.close()
             raise
@@ -133,9 +136,7 @@ class Browser:
         path.write_bytes(base64.b64decode(data))
 
     def close(self) -> None:
-        ws = getattr(self, "ws", None)
-        if ws is not None:
-            ws.close()
+        self._stack.close()
         self.process.terminate()
         try:
             self.process.wait(timeout=10)

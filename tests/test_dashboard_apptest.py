@@ -19,7 +19,8 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from stepscope.store import open_store  # noqa: E402
 from stepscope.store.ingest import ingest_paths  # noqa: E402
-from tests.conftest import REPO, load_raw, write_trace  # noqa: E402
+from tests._dashboard_stores import build_sample_store  # noqa: E402
+from tests.conftest import REPO, load_raw  # noqa: E402
 
 APP = REPO / "stepscope" / "dashboard" / "app.py"
 PAGES = ("runs", "overview", "communication", "copies", "memory", "kernels", "compare", "sql")
@@ -40,47 +41,9 @@ def shared_store(tmp_path_factory: pytest.TempPathFactory, shared_traces: Path) 
     return root
 
 
-def _tiny_trace(path: Path, rank: int) -> Path:
-    """Two profiled steps with a compute kernel, an NCCL all-reduce and an H2D copy each."""
-    events: list[dict[str, Any]] = []
-    for step in range(2):
-        t = 1_000 * step
-        events += [
-            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "ts": t, "dur": 900, "pid": 1, "tid": 1},
-            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t + 10, "dur": 5, "pid": 1, "tid": 1,
-             "args": {"correlation": 10 * step + 1}},
-            {"ph": "X", "cat": "kernel", "name": "volta_sgemm", "ts": t + 20, "dur": 300, "pid": 0, "tid": 7,
-             "args": {"correlation": 10 * step + 1, "stream": 7, "device": 0}},
-            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t + 30, "dur": 5, "pid": 1, "tid": 1,
-             "args": {"correlation": 10 * step + 2}},
-            {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ts": t + 400 + rank * 7,
-             "dur": 200, "pid": 0, "tid": 20, "args": {"correlation": 10 * step + 2, "stream": 20, "device": 0}},
-            {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": t + 40, "dur": 5, "pid": 1, "tid": 1,
-             "args": {"correlation": 10 * step + 3}},
-            {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": t + 650, "dur": 100,
-             "pid": 0, "tid": 21, "args": {"correlation": 10 * step + 3, "stream": 21, "device": 0, "bytes": 1 << 24}},
-            {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "ts": t + 15, "pid": 1, "tid": 1,
-             "args": {"Addr": 4096 + step, "Bytes": 1 << 20, "Total Allocated": (step + 1) << 20,
-                      "Total Reserved": 4 << 20, "Device Type": 1, "Device Id": 0}},
-        ]
-    return write_trace(path, events, distributedInfo={"rank": rank, "world_size": 2, "backend": "nccl"},
-                       deviceProperties=[{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 85899345920}])
-
-
 @pytest.fixture(scope="session")
 def sample_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bundled sample traces (``sample_traces/<run>/``), or a tiny generated run when absent."""
-    root = tmp_path_factory.mktemp("dash-sample")
-    folders = sorted(p for p in (REPO / "sample_traces").glob("*") if p.is_dir())
-    if not folders:
-        traces = tmp_path_factory.mktemp("tiny")
-        folders = [traces]
-        for rank in range(2):
-            _tiny_trace(traces / f"rank{rank}.json", rank)
-    for folder in folders:
-        report = ingest_paths([folder], root, folder.name)
-        assert report.ok, report.errors
-    return root
+    return build_sample_store(tmp_path_factory)
 
 
 def app_for(root: Path | str, monkeypatch: pytest.MonkeyPatch, **query: str) -> AppTest:

@@ -25,7 +25,7 @@ PART_COLORS = {
     "exposed D2H copies": "#EECA3B",
     "exposed D2D copies": "#B279A2",
     "exposed other copies": "#9D755D",
-    "exposed memset": "#BAB0AC",
+    "exposed memset": "#72B7B2",
     "idle": "#D3D3D3",
 }
 """Breakdown part label -> colour, so a part has the same colour on every page."""
@@ -68,6 +68,8 @@ def data_table(df: Any, caption: str | None = None, *, hide_ns: bool = True, hei
         df = df.drop(columns=["run"])
     if hide_ns:
         df = df[[c for c in df.columns if not (c.endswith("_ns") and c[:-3] + "_ms" in df.columns)]]
+    reasons = [c for c in df.columns if c.endswith("reason")]
+    df = df[[c for c in df.columns if c not in reasons] + reasons]  # why-not columns last
     if caption:
         st.caption(caption)
     kwargs = {"height": height} if height else {}

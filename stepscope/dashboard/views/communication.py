@@ -70,9 +70,13 @@ if shown(result, "Communication"):
     st.subheader("Straggler suspects")
     if shown(result.arrivals, "Last arrivals"):
         arrivals = ns_to_ms(select(frame(result.arrivals), ctx))
+    if not isinstance(result.arrivals, Absent) and arrivals.empty:
+        st.info("No collective was matched on two or more of the selected ranks: no last arrivals to count.",
+                icon=":material/info:")
+    elif not isinstance(result.arrivals, Absent):
         chart(alt.Chart(arrivals).mark_bar().encode(
             x=alt.X("rank:O", title="rank", axis=alt.Axis(labelAngle=0, labelOverlap=True)),
-            y=alt.Y("last_pct:Q", title="arrived last (% of matched collectives)"),
+            y=alt.Y("last_pct:Q", title="arrived last (%)"),
             tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("instances:Q"), alt.Tooltip("last_count:Q"),
                      alt.Tooltip("last_pct:Q", title="last (%)", format=".1f"),
                      alt.Tooltip("mean_late_ms:Q", title="mean late (ms)", format=",.3f"),

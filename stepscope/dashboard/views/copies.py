@@ -80,7 +80,7 @@ if shown(result, "Copies"):
             events["dur_ms"] = events["dur_ns"] / 1e6
             ticks = alt.Chart(events).mark_tick(thickness=2, size=18, opacity=0.5).encode(
                 x=alt.X("bandwidth_gbps:Q", title="bandwidth (GB/s)"),
-                y=alt.Y("memory:N", title="direction, host memory"),
+                y=alt.Y("memory:N", title=None),
                 color=alt.Color("memory:N", legend=None),
                 tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("step:O"), alt.Tooltip("memory:N"),
                          alt.Tooltip("mib:Q", title="size (MiB)", format=",.3f"),

@@ -13,7 +13,9 @@ ctx = context()
 st.title("Runs")
 st.caption("Pick the run (and a baseline to compare against) in the sidebar; every page follows it.")
 
-runs = ctx.runs.drop(columns=["fingerprint", "rank_list"]).rename(columns={"name": "run name"})
+ORDER = ["run", "ranks", "events", "first_step", "last_step", "world_size", "backend", "gpu_name", "gpu_count",
+         "created_at", "name", "trace_schema_version", "tags"]
+runs = ctx.runs[[c for c in ORDER if c in ctx.runs.columns]].rename(columns={"name": "run name"})
 data_table(runs, keep_run=True)
 
 st.subheader(f"Traces of {ctx.run}")
@@ -32,8 +34,11 @@ def _trace_bytes(run: str, rank: int) -> bytes:
     return gzip.compress(export_chrome_trace(ctx.store, run, rank), compresslevel=1)
 
 
-columns = st.columns(min(len(ctx.ranks), 8) or 1)
-for i, rank in enumerate(ctx.ranks):
+shown_ranks = ctx.ranks
+if len(ctx.ranks) > 16:  # one button per rank stops being readable; pick the rank first
+    shown_ranks = (st.selectbox("Rank", ctx.ranks, key="runs_trace_rank"),)
+columns = st.columns(min(len(shown_ranks), 8))
+for i, rank in enumerate(shown_ranks):
     with columns[i % len(columns)]:
         st.download_button(
             f"rank {rank}", data=lambda rank=rank: _trace_bytes(ctx.run, rank),

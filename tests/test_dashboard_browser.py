@@ -1,0 +1,86 @@
+"""End to end: `stepscope dashboard` serves every page to a real headless Chromium.
+
+Starts the command on a free port, waits for ``/_stcore/health``, loads each page over the
+DevTools protocol, waits until Streamlit has rendered it (title present, script finished, the
+page's charts drawn), checks that no exception or error is shown, and saves a screenshot to
+``test-artifacts/screenshots/<page>.png``. Skips when no Chromium is installed (CI installs
+Debian's ``chromium`` with ``.ci/install_chromium.sh``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests._browser import Browser, find_chromium, free_port, wait_http
+from tests._dashboard_stores import build_sample_store
+from tests.conftest import REPO, SHARED_TRACES
+
+SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
+SHARED_RUNS = {
+    "sampled": ["hta/trace_filter/sampled_rank-0.json.gz", "hta/trace_filter/sampled_rank-1.json.gz"],
+    "control": ["hta/trace_diff/control/control.json.gz"],
+}
+MIN_CHARTS_ON_SHARED = {"overview": 2, "copies": 3, "kernels": 3, "compare": 1}
+"""Charts each page must draw for the shared run ``sampled`` against baseline ``control``."""
+PAGES = ("overview", "runs", "communication", "copies", "memory", "kernels", "compare", "sql")
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    path = find_chromium()
+    if path is None:
+        pytest.skip("no chromium installed (CI installs it: .ci/install_chromium.sh)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, chromium: str):
+    """``(base_url, query, shared)`` of a running ``stepscope dashboard``."""
+    from stepscope.store.ingest import ingest_paths
+
+    store = build_sample_store(tmp_path_factory)
+    shared = SHARED_TRACES.is_dir()
+    if shared:
+        for run, files in SHARED_RUNS.items():
+            assert ingest_paths([SHARED_TRACES / f for f in files], store, run).ok
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "dashboard.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "stepscope.cli", "dashboard", "--store", str(store), "--port", str(port)],
+            stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+        )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 60)
+        query = "?run=sampled&baseline=control" if shared else ""
+        yield f"http://127.0.0.1:{port}", query, shared
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+    assert f"http://127.0.0.1:{port}/" in log.read_text(), "the command must print the URL"
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: str, tmp_path_factory: pytest.TempPathFactory):
+    b = Browser(chromium, tmp_path_factory.mktemp("chromium-profile"))
+    yield b
+    b.close()
+
+
+def test_every_page_renders_in_chromium(served, browser: Browser) -> None:
+    base, query, shared = served
+    problems = []
+    for page in PAGES:
+        path = "" if page == "overview" else page  # the default page lives at the root URL
+        min_charts = MIN_CHARTS_ON_SHARED.get(page, 0) if shared else 0
+        state = browser.open(f"{base}/{path}{query}", min_charts=min_charts)
+        browser.screenshot(SCREENSHOTS / f"{page}.png")
+        if state["exceptions"] or state["errors"] or state.get("timed_out") or not state["title"]:
+            problems.append((page, state))
+        elif state["charts"] < min_charts:
+            problems.append((page, state))
+    assert not problems, problems
