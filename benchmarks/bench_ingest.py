@@ -301,12 +301,14 @@ def report(bench: Bench, name: str) -> None:
     for row in bench.rows.values():
         m = row.median
         if m is None:
-            rows.append([row.label, None, None, None, None, None, row.skipped])
+            rows.append([row.label, None, None, None, None, None, None, row.skipped])
         else:
+            imports_mb = None if m.setup_rss_bytes is None else m.setup_rss_bytes / 1e6
             rows.append([row.label, _fmt(m.work_s), _fmt(m.work_cpu_s), _fmt(m.wall_s),
-                         _fmt(m.cpu_s), _fmt(m.peak_rss_mb, 0), _note(m.result)])
+                         _fmt(m.cpu_s), _fmt(m.peak_rss_mb, 0), _fmt(imports_mb, 0),
+                         _note(m.result)])
     print(format_table(["thing", "in-process s", "(CPU s)", "whole process s", "(CPU s)",
-                        "peak RSS MB", "note"], rows))
+                        "peak RSS MB", "(after imports)", "note"], rows))
 
     def med(label: str) -> Measurement | None:
         return bench.rows[label].median
