@@ -7,6 +7,7 @@ Everything it does is guarded by the fault policy: when stepscope fails, the loo
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from types import TracebackType
@@ -80,11 +81,15 @@ class Profile:
 
     def __enter__(self) -> Profile:
         with self.policy.guard("starting the profiler"):
-            self.handler.open()
+            sink = self.handler.open()
             if self._actions(0) in WARMING | RECORDING:
                 self.handler.start_memory_history()
             prof = torch.profiler.profile(**profiler_kwargs(self.schedule, self.recording),
                                           on_trace_ready=self.handler)
+            # The exported file describes itself too (versions, host, run, tags), for when it is
+            # shared or ingested on its own; the store gets the same through ``metadata``.
+            prof.preset_metadata_json("stepscope", json.dumps(
+                {**sink.metadata, "run_name": sink.run_name, "tags": sink.tags}, default=str))
             prof.__enter__()
             self._torch = prof
         self.timer.begin()

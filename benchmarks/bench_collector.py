@@ -1,0 +1,172 @@
+"""Overhead of the collector on the CPU example: no profiler vs bare torch.profiler vs stepscope.
+
+Why: a profiler people leave on must cost almost nothing. Issue targets, on the CPU example
+(examples/toy_transformer.py, one thread):
+
+- during active (recorded) steps, stepscope.profile within 3% of bare torch.profiler with the
+  same schedule and flags: median (c) / median (b) <= 1.03;
+- on steps outside the active window, stepscope.profile within 1% of no profiling at all:
+  median (c) / median (a) <= 1.01. "Outside" is every step not in warmup or active, including
+  the steps right after the window, during which stepscope exports and converts the trace.
+
+Method, in one process: warm up first (a process's first steps are several times slower), then
+run rounds; each round runs one session of each mode in shuffled order, so that load drifting
+on a shared machine hits all three alike. A session is wait + warmup + active + after steps with
+the same schedule; (b) has no on_trace_ready (the trace is simply dropped: the bare cost), (c)
+stores every trace. A step's time is measured around ``train_step`` and ``prof.step()``.
+
+Run: python benchmarks/bench_collector.py [--rounds N] [--wait W] [--active A] [--after P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples"))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerAction  # noqa: E402
+
+import stepscope  # noqa: E402
+from stepscope.collector.options import RECORDING, Recording, Schedule, profiler_kwargs  # noqa: E402
+from toy_transformer import ToyConfig, build, synthetic_batch, train_step  # noqa: E402
+
+WARMUP_STEPS = 30
+ACTIVE_TARGET = 1.03
+OUTSIDE_TARGET = 1.01
+
+
+class NoProfiler:
+    """Mode (a): the loop as the user wrote it."""
+
+    def step(self) -> None:
+        return None
+
+
+def session(mode: str, schedule: Schedule, steps: int, store: Path, index: int,
+            model: Any, optimizer: Any, cfg: ToyConfig, data: torch.Generator
+            ) -> tuple[list[float], list[float]]:
+    """One profiled (or not) stretch of ``steps`` training steps.
+
+    Returns each step's seconds and, separately, the seconds spent in ``prof.step()`` itself
+    (the hook's own cost, which load on a shared machine does not blur as much).
+    """
+    manager: AbstractContextManager[Any]
+    if mode == "a":
+        manager = nullcontext(NoProfiler())
+    elif mode == "b":
+        manager = torch.profiler.profile(**profiler_kwargs(schedule, Recording()))
+    else:
+        manager = stepscope.profile(store=store, run=f"bench-{index}", wait=schedule.wait,
+                                    warmup=schedule.warmup, active=schedule.active, repeat=1,
+                                    record_shapes=True, profile_memory=True, strict=True)
+    times, hooks = [], []
+    with manager as prof:
+        for _ in range(steps):
+            batch = synthetic_batch(cfg, data)
+            start = time.perf_counter()
+            train_step(model, optimizer, batch)
+            hook = time.perf_counter()
+            prof.step()
+            end = time.perf_counter()
+            times.append(end - start)
+            hooks.append(end - hook)
+    return times, hooks
+
+
+def ratio_line(name: str, num: list[float], den: list[float], target: float | None) -> str:
+    ratio = statistics.median(num) / statistics.median(den)
+    verdict = "" if target is None else ("  meets target" if ratio <= target else "  MISSES target")
+    limit = "" if target is None else f" (target <= {target:.2f})"
+    return f"{name:<44} {ratio:7.4f}{limit}{verdict}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--wait", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--active", type=int, default=3)
+    parser.add_argument("--after", type=int, default=10,
+                        help="steps after the active window (where traces are written)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    cfg = ToyConfig()
+    model, optimizer = build(cfg)
+    data = torch.Generator().manual_seed(1)
+    schedule = Schedule(wait=args.wait, warmup=args.warmup, active=args.active, repeat=1)
+    steps = args.wait + args.warmup + args.active + args.after
+    action = schedule.torch_schedule()
+    active = [s for s in range(steps) if action(s) in RECORDING]
+    window = [s for s in range(steps) if action(s) is not ProfilerAction.NONE]
+    outside = [s for s in range(steps) if s not in window]
+    before = [s for s in outside if s < window[0]]
+    after = [s for s in outside if s > window[-1]]
+
+    rng = random.Random(args.seed)
+    per_mode: dict[str, list[list[float]]] = {"a": [], "b": [], "c": []}
+    hook_time: dict[str, list[list[float]]] = {"a": [], "b": [], "c": []}
+    with tempfile.TemporaryDirectory(prefix="bench-collector-") as tmp:
+        store = Path(tmp) / "store"
+        for _ in range(WARMUP_STEPS // steps + 1):  # warm the process, the profiler and the writer
+            for mode in "abc":
+                session(mode, schedule, steps, store, -1, model, optimizer, cfg, data)
+        for index in range(args.rounds):
+            modes = list("abc")
+            rng.shuffle(modes)
+            for mode in modes:
+                times, hooks = session(mode, schedule, steps, store, index, model, optimizer,
+                                       cfg, data)
+                per_mode[mode].append(times)
+                hook_time[mode].append(hooks)
+
+    def pick(mode: str, which: list[int]) -> list[float]:
+        return [run[s] for run in per_mode[mode] for s in which]
+
+    print(f"torch {torch.__version__}, 1 thread, {args.rounds} rounds x {steps} steps per mode; "
+          f"schedule wait={args.wait} warmup={args.warmup} active={args.active}, "
+          f"{args.after} steps after the window\n")
+    print(f"{'median step time (ms)':<28} {'(a) none':>10} {'(b) torch':>10} {'(c) stepscope':>14}")
+    groups: list[tuple[str, list[int]]] = [("active steps", active), ("outside the window", outside),
+                                           ("  before the window", before),
+                                           ("  after the window", after)]
+    for label, which in groups:
+        row = [statistics.median(pick(m, which)) * 1e3 for m in "abc"]
+        print(f"{label:<28} {row[0]:10.3f} {row[1]:10.3f} {row[2]:14.3f}")
+    print()
+    print(ratio_line("(c)/(b) active steps", pick("c", active), pick("b", active), ACTIVE_TARGET))
+    print(ratio_line("(c)/(a) outside the active window", pick("c", outside), pick("a", outside),
+                     OUTSIDE_TARGET))
+    print(ratio_line("  (c)/(a) before the window", pick("c", before), pick("a", before), None))
+    print(ratio_line("  (c)/(a) after the window (trace being written)", pick("c", after),
+                     pick("a", after), None))
+    print(ratio_line("(b)/(a) active steps (torch.profiler's own cost)", pick("b", active),
+                     pick("a", active), None))
+    first_after = [after[0]]
+    print(ratio_line("(c)/(a) first step after the window", pick("c", first_after),
+                     pick("a", first_after), None))
+    print(ratio_line("(b)/(a) first step after the window", pick("b", first_after),
+                     pick("a", first_after), None))
+    hooks_c = [run[s] for run in hook_time["c"] for s in outside]
+    hooks_b = [run[s] for run in hook_time["b"] for s in outside]
+    step_a = statistics.median(pick("a", outside))
+    print(f"\nprof.step() itself outside the window, median: stepscope "
+          f"{statistics.median(hooks_c) * 1e6:.1f} us, torch.profiler "
+          f"{statistics.median(hooks_b) * 1e6:.1f} us; stepscope's is "
+          f"{statistics.median(hooks_c) / step_a:.4%} of a step of (a)")
+
+
+if __name__ == "__main__":
+    main()
