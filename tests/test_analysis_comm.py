@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -362,3 +363,82 @@ def test_arrivals_without_process_group_args(tmp_path, shared_traces: Path) -> N
     assert rows[0]["instances"] == rows[1]["instances"] == 2020
     assert rows[0]["last_count"] == 2020 and rows[1]["last_count"] == 0
     assert rows[0]["steps_last_most"] == 5 == rows[0]["steps_with_instances"]
+
+
+# ---- a real 2-rank gloo DDP run (CPU): host-side transfers ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gloo_run(tmp_path_factory):
+    """examples/train_ddp_cpu.py with 2 ranks under stepscope.profile (~20 s on 2 cores)."""
+    pytest.importorskip("torch")
+    from tests.collector_support import EXAMPLES  # noqa: F401  (puts examples/ on sys.path)
+    import train_ddp_cpu
+
+    root = tmp_path_factory.mktemp("gloo")
+    cfg = train_ddp_cpu.DDPRun(store=str(root / "store"), run="gloo", steps=6, wait=2, warmup=1, active=2,
+                               bucket_cap_mb=0.5, trace_dir=str(root / "traces"), strict=True)
+    train_ddp_cpu.train(cfg, world_size=2)
+    docs = [load_raw(root / "traces" / f"rank{r}.pt.trace.json.gz") for r in (0, 1)]
+    return open_store(root / "store"), docs
+
+
+def _gloo_transfers(doc):
+    """(step, start_ns, end_ns, collective, bytes) of every gloo:* annotation, in time order;
+    bytes from Input Dims (float32) as the store documents."""
+    steps = profiler_steps(doc)
+    out = []
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "user_annotation" and e["name"].startswith("gloo:"):
+            start, end = span_ns(doc, e)
+            dims = e["args"]["Input Dims"][0]
+            shapes = dims if dims and isinstance(dims[0], list) else [dims]
+            elements = sum(math.prod(shape) for shape in shapes)
+            assert e["args"]["Input type"][0] == "float"
+            step = next((s for s, a, b in steps if a <= start < b), None)
+            out.append((step, start, end, e["name"].split(":")[1], 4 * elements))
+    return sorted(out, key=lambda t: t[1])
+
+
+@pytest.mark.slow
+def test_gloo_transfers_are_collectives(gloo_run) -> None:
+    store, docs = gloo_run
+    rows = collective_kernels(store, "gloo").to_pylist()
+    for rank, doc in enumerate(docs):
+        raw = _gloo_transfers(doc)
+        got = [r for r in rows if r["rank"] == rank]
+        assert [(r["step"], r["ts_ns"], r["ts_ns"] + r["dur_ns"], r["collective"], r["bytes"]) for r in got] == raw
+        assert len(raw) >= 4
+        assert all(r["host_side"] and r["hidden_ns"] is None and r["phase"] is None and r["absent_reason"] for r in got)
+        # the only process group of pg_config (default_pg, 2 ranks) gives the group size
+        assert all(r["pg_desc"] == "default_pg" and r["group_size"] == 2 for r in got)
+        for r in got:
+            factor = 2 * (2 - 1) / 2 if r["collective"] == "all_reduce" else 1.0
+            assert r["busbw_gbps"] == pytest.approx(r["bytes"] / r["dur_ns"] * factor)
+
+
+@pytest.mark.slow
+def test_gloo_instances_and_arrivals_match_raw(gloo_run) -> None:
+    store, docs = gloo_run
+    per_rank = []
+    for doc in docs:
+        by_step: dict = {}
+        for step, start, end, coll, nbytes in _gloo_transfers(doc):
+            by_step.setdefault(step, []).append((start, end))
+        per_rank.append(by_step)
+    expected, last = [], Counter()
+    for step in sorted(per_rank[0]):
+        for (s0, e0), (s1, e1) in zip(per_rank[0][step], per_rank[1][step], strict=True):
+            who = None if s0 == s1 else int(s1 > s0)
+            expected.append((step, abs(s1 - s0), min(e0 - s0, e1 - s1), max(e0 - s0, e1 - s1), who))
+            last[who] += 1
+    rows = collective_instances(store, "gloo").to_pylist()
+    assert [(r["step"], r["start_skew_ns"], r["min_dur_ns"], r["max_dur_ns"], r["last_rank"]) for r in rows] == expected
+    arrivals = {r["rank"]: r for r in rank_arrivals(store, "gloo").to_pylist()}
+    for rank in (0, 1):
+        assert arrivals[rank]["instances"] == len(expected)
+        assert arrivals[rank]["last_count"] == last[rank]
+    result = comm_section(store, "gloo", None)
+    compute = result.compute.to_pylist()
+    assert [r["compute_source"] for r in compute] == ["host", "host"]
+    assert sum(r["compute_vs_median_pct"] for r in compute) == pytest.approx(0, abs=1e-9)  # two ranks: median = mean

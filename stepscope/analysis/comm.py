@@ -75,41 +75,59 @@ def _params(run: str, ranks: Sequence[int] | None, column: str = "e.rank") -> tu
     return predicate, {"run": run, **params}
 
 
+HOST_SIDE_SQL = "e.kind = 'user_annotation' AND e.name LIKE 'gloo:%'"
+"""Host-side transfers counted as collectives: gloo's worker-thread annotations (``gloo:all_reduce``),
+the only record of the transfer itself in a gloo run (``c10d::allreduce_`` only enqueues it, and
+``nccl:*`` annotations are the host side of a kernel that is counted already)."""
+
+
 def _kernels_ctes(ranks_sql: str) -> str:
-    """CTEs ``comm`` (one row per communication kernel, process group filled from
-    ``distributedInfo.pg_config`` when the kernel's args lack it), ``hidden`` and ``ph``."""
+    """CTEs ``comm`` (one row per communication kernel or host-side gloo transfer, process
+    group filled from ``distributedInfo.pg_config``), ``hidden``, ``ph`` and ``kernels``.
+
+    The process group of a collective without process-group args is the only group of
+    ``pg_config`` when there is exactly one. Host-side transfers have no hidden/exposed time
+    (they run on the host, beside no GPU compute) and no phase (they run on the backend's worker
+    thread, outside every marker).
+    """
     return f"""
 pg_config AS (
   SELECT source, u.pg.pg_name AS pg_name, u.pg.pg_desc AS pg_desc, u.pg.pg_size AS pg_size,
-         '[' || array_to_string(u.pg.ranks, ', ') || ']' AS pg_ranks
+         '[' || array_to_string(u.pg.ranks, ', ') || ']' AS pg_ranks,
+         count(*) OVER (PARTITION BY source) AS groups
   FROM (SELECT source, unnest(from_json(json_extract(distributed_info, '$.pg_config'),
                                         '{_PG_CONFIG_TYPE}')) AS pg
         FROM sources WHERE run = $run) u
 ),
 comm AS MATERIALIZED (
-  SELECT row_number() OVER (ORDER BY e.rank, e.source, e.ts_ns, e.stream, e.correlation) AS point_id,
+  SELECT row_number() OVER (ORDER BY e.rank, e.source, e.ts_ns, e.stream, e.correlation, e.tid) AS point_id,
          e.run, e.rank, e.source, e.step, e.name, e.ts_ns, e.dur_ns, e.ts_ns + e.dur_ns AS end_ns,
          e.stream, e.correlation, e.collective::VARCHAR AS collective, e.bytes,
          e.dtype::VARCHAR AS dtype, coalesce(e.group_size, pg.pg_size) AS group_size,
-         e.pg_name::VARCHAR AS pg_name, coalesce(e.pg_desc::VARCHAR, pg.pg_desc) AS pg_desc,
-         coalesce(e.pg_ranks::VARCHAR, pg.pg_ranks) AS pg_ranks, e.comm_seq
+         coalesce(e.pg_name::VARCHAR, pg.pg_name) AS pg_name, coalesce(e.pg_desc::VARCHAR, pg.pg_desc) AS pg_desc,
+         coalesce(e.pg_ranks::VARCHAR, pg.pg_ranks) AS pg_ranks, e.comm_seq,
+         e.kind <> 'kernel' AS host_side
   FROM events e
-  LEFT JOIN pg_config pg ON pg.source = e.source AND pg.pg_name = e.pg_name::VARCHAR
-  WHERE e.run = $run AND e.kind = 'kernel' AND e.category = 'communication'
-    AND e.dur_ns IS NOT NULL AND {ranks_sql}
+  LEFT JOIN pg_config pg ON pg.source = e.source
+   AND (pg.pg_name = e.pg_name::VARCHAR OR (e.pg_name IS NULL AND pg.groups = 1))
+  WHERE e.run = $run AND e.category = 'communication' AND e.dur_ns IS NOT NULL AND {ranks_sql}
+    AND (e.kind = 'kernel' OR ({HOST_SIDE_SQL}))
 ),
-comm_iv AS (SELECT point_id, run, rank, ts_ns AS t0, end_ns AS t1 FROM comm),
+comm_iv AS (SELECT point_id, run, rank, ts_ns AS t0, end_ns AS t1 FROM comm WHERE NOT host_side),
 {hidden_ctes('comm_iv', 'hidden')},
 {gpu_phase_ctes('comm', 'ph')},
 kernels AS (
-  SELECT c.*, ph.phase, coalesce(h.hidden_ns, 0) AS hidden_ns,
-         c.dur_ns - coalesce(h.hidden_ns, 0) AS exposed_ns,
+  SELECT c.*, ph.phase,
+         CASE WHEN NOT c.host_side THEN coalesce(h.hidden_ns, 0) END AS hidden_ns,
+         CASE WHEN NOT c.host_side THEN c.dur_ns - coalesce(h.hidden_ns, 0) END AS exposed_ns,
          {BUSBW_FACTOR_SQL} AS busbw_factor
   FROM comm c
   LEFT JOIN hidden h USING (point_id)
   LEFT JOIN ph USING (point_id)
 )"""
 
+
+_HOST_REASON = "host-side (gloo) transfer: no hidden/exposed time, no phase"
 
 _ABSENT_BW_SQL = """
 CASE
@@ -129,10 +147,10 @@ def collective_kernels(store: SQLStore, run: str, ranks: Sequence[int] | None = 
     query = f"""
 WITH {_kernels_ctes(ranks_sql)}
 SELECT run, rank, step, phase, collective, pg_name, pg_desc, pg_ranks, group_size, comm_seq,
-       ts_ns, dur_ns, hidden_ns, exposed_ns, bytes, dtype, stream, name,
+       ts_ns, dur_ns, hidden_ns, exposed_ns, bytes, dtype, stream, name, host_side,
        bytes / nullif(dur_ns, 0) AS algbw_gbps,
        bytes * busbw_factor / nullif(dur_ns, 0) AS busbw_gbps,
-       {_ABSENT_BW_SQL} AS absent_reason
+       nullif(concat_ws('; ', {_ABSENT_BW_SQL}, CASE WHEN host_side THEN '{_HOST_REASON}' END), '') AS absent_reason
 FROM kernels
 ORDER BY rank, ts_ns
 """
@@ -149,14 +167,16 @@ def collective_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = 
     ranks_sql, params = _params(run, ranks)
     query = f"""
 WITH {_kernels_ctes(ranks_sql)}
-SELECT run, rank, collective, {_BUCKET_SQL} AS size_bucket, {_BUCKET_MIN_SQL} AS size_bucket_min_bytes,
+SELECT run, rank, collective, host_side, {_BUCKET_SQL} AS size_bucket, {_BUCKET_MIN_SQL} AS size_bucket_min_bytes,
        count(*) AS count, count(bytes) AS sized_count, sum(bytes)::BIGINT AS bytes,
        sum(dur_ns)::BIGINT AS dur_ns, sum(hidden_ns)::BIGINT AS hidden_ns, sum(exposed_ns)::BIGINT AS exposed_ns,
        sum(bytes) FILTER (WHERE dur_ns > 0) / nullif(sum(dur_ns) FILTER (WHERE bytes IS NOT NULL), 0) AS algbw_gbps,
        sum(bytes * busbw_factor) / nullif(sum(dur_ns) FILTER (WHERE bytes * busbw_factor IS NOT NULL), 0) AS busbw_gbps,
-       CASE WHEN count(bytes) = 0 THEN 'no message size recorded (kernels carry no collective args)'
-            WHEN count(bytes * busbw_factor) = 0 THEN 'no bus-bandwidth factor (group size or collective unknown)'
-       END AS absent_reason
+       nullif(concat_ws('; ',
+         CASE WHEN count(bytes) = 0 THEN 'no message size recorded (kernels carry no collective args)'
+              WHEN count(bytes * busbw_factor) = 0 THEN 'no bus-bandwidth factor (group size or collective unknown)'
+         END,
+         CASE WHEN any_value(host_side) THEN '{_HOST_REASON}' END), '') AS absent_reason
 FROM kernels
 GROUP BY ALL
 ORDER BY rank, collective, size_bucket_min_bytes NULLS FIRST
@@ -177,13 +197,14 @@ step_total AS (
   SELECT run, rank, sum(dur_ns)::BIGINT AS steps_ns FROM steps
   WHERE run = $run AND {ranks_sql.replace('e.rank', 'rank')} GROUP BY ALL
 )
-SELECT k.run, k.rank, k.pg_name, k.pg_desc, k.pg_ranks, k.group_size, k.phase,
+SELECT k.run, k.rank, k.pg_name, k.pg_desc, k.pg_ranks, k.group_size, k.phase, k.host_side,
        string_agg(DISTINCT k.collective, ', ' ORDER BY k.collective) AS collectives, count(*) AS count, sum(k.bytes)::BIGINT AS bytes, sum(k.dur_ns)::BIGINT AS dur_ns,
        sum(k.hidden_ns)::BIGINT AS hidden_ns, sum(k.exposed_ns)::BIGINT AS exposed_ns,
        100.0 * sum(k.hidden_ns) / nullif(sum(k.dur_ns), 0) AS hidden_pct,
        100.0 * sum(k.exposed_ns) / any_value(s.steps_ns) AS exposed_pct_of_steps,
-       CASE WHEN any_value(s.steps_ns) IS NULL THEN 'no ProfilerStep#N annotations in this rank''s trace' END
-         AS absent_reason
+       nullif(concat_ws('; ',
+         CASE WHEN any_value(s.steps_ns) IS NULL THEN 'no ProfilerStep#N annotations in this rank''s trace' END,
+         CASE WHEN any_value(k.host_side) THEN '{_HOST_REASON}' END), '') AS absent_reason
 FROM kernels k LEFT JOIN step_total s ON s.run = k.run AND s.rank = k.rank
 GROUP BY ALL
 ORDER BY k.rank, exposed_ns DESC
@@ -326,27 +347,34 @@ ORDER BY pg_name, collective
 
 
 def rank_compute(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
-    """Per rank: mean compute time per step (|U(compute kernels)| of the step breakdown) and
-    its excess over the median rank, in percent.
+    """Per rank: mean compute time per step and its excess over the median rank, in percent.
 
-    A compute straggler inside DDP's backward hides from per-rank step times, because every
-    rank waits in the same all-reduce; its compute time still shows it.
+    Compute is ``compute_ns`` of the GPU step breakdown (|U(compute kernels)|); in a run
+    without GPU events (CPU training, gloo) it is ``compute_ops_ns`` of the host breakdown
+    (``compute_source`` says which). A compute straggler inside DDP's backward hides from
+    per-rank step times, because every rank waits in the same all-reduce; its compute time
+    still shows it.
     """
-    from stepscope.analysis.breakdown import step_breakdown
+    from stepscope.analysis.breakdown import host_breakdown, step_breakdown
 
     steps = step_breakdown(store, run, ranks)
+    source, column = "gpu", "compute_ns"
     if isinstance(steps, Absent):
-        return steps
+        host = host_breakdown(store, run, ranks)
+        if isinstance(host, Absent):
+            return Absent(f"{steps.reason}; {host.reason}")
+        steps, source, column = host, "host", "compute_ops_ns"
     # A few rows per rank (one per step): grouped with Arrow, not another trip through the store.
     per_rank = steps.group_by("rank").aggregate(
-        [("step", "count"), ("compute_ns", "mean"), ("dur_ns", "mean")]
+        [("step", "count"), (column, "mean"), ("dur_ns", "mean")]
     ).sort_by("rank")
-    mean_compute = per_rank.column("compute_ns_mean")
+    mean_compute = per_rank.column(f"{column}_mean")
     median = pc.quantile(mean_compute, q=0.5)[0].as_py() if len(per_rank) else None
     excess = pc.multiply(pc.subtract(pc.divide(mean_compute, median), 1.0), 100.0) if median else None
     return pa.table({
         "run": pa.array([run] * len(per_rank), pa.string()),
         "rank": per_rank.column("rank"),
+        "compute_source": pa.array([source] * len(per_rank), pa.string()),
         "steps": per_rank.column("step_count"),
         "mean_compute_ns": mean_compute,
         "mean_step_ns": per_rank.column("dur_ns_mean"),
@@ -372,9 +400,10 @@ _ONE_RANK = "one rank in this run: cross-rank skew and stragglers need two or mo
 def _has_communication(store: SQLStore, run: str, ranks: Sequence[int] | None) -> tuple[bool, int]:
     ranks_sql, params = _params(run, ranks, "rank")
     row = store.sql(
-        f"""SELECT count(*) FILTER (WHERE kind = 'kernel' AND category = 'communication') AS n,
+        f"""SELECT count(*) FILTER (WHERE category = 'communication' AND (kind = 'kernel' OR ({HOST_SIDE_SQL})))
+                     AS n,
                    count(DISTINCT rank) AS ranks
-            FROM events WHERE run = $run AND {ranks_sql}""",
+            FROM events e WHERE run = $run AND {ranks_sql}""",
         params,
     ).to_pylist()[0]
     return row["n"] > 0, row["ranks"]
