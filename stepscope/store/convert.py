@@ -185,6 +185,23 @@ def _collective_columns(
             "dtype": dtype, "bytes": nbytes}
 
 
+def _args_column(raws: list[msgspec.Raw]) -> pa.Array:
+    """Each event's ``args`` JSON text as recorded, null where the event has none.
+
+    Built from one joined buffer plus offsets rather than one bytes object per event: on
+    df_index_resolver (216k events, 17 MB of args) convert takes ~20-60 ms less CPU (peak RSS
+    is unchanged: it is reached later). The cast to string still validates UTF-8.
+    """
+    lengths = np.fromiter(map(len, raws), np.int64, len(raws))
+    offsets = np.zeros(len(raws) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] >= 2**31:  # beyond 32-bit offsets: let pyarrow chunk it
+        return pa.array([bytes(r) or None for r in raws], pa.binary()).cast(pa.string())
+    buffers = [pa.py_buffer(np.packbits(lengths > 0, bitorder="little")),
+               pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(raws))]
+    return pa.Array.from_buffers(pa.binary(), len(raws), buffers).cast(pa.string())
+
+
 def _pg_ranks(value: str | list[int] | None) -> str | None:
     if value is None or isinstance(value, str):
         return value
@@ -325,7 +342,7 @@ def convert(trace: RawTrace, source: str, progress: Callable[[int], None] | None
         "pg_desc": _dict([a.pg_desc for a in args]),
         "pg_ranks": _dict([_pg_ranks(a.pg_ranks) for a in args]),
         "comm_seq": _int_array([a.seq for a in args], path, "Seq"),
-        "args": pa.array([bytes(e.args) or None for e in events], pa.binary()).cast(pa.string()),
+        "args": _args_column([e.args for e in events]),
     }
     events_table = pa.table(columns).cast(schema.EVENTS)
     events_table = events_table.take(pc.sort_indices(events_table, sort_keys=[("ts_ns", "ascending", "at_start")]))
