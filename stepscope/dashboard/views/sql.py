@@ -12,7 +12,7 @@ import time
 
 import streamlit as st
 
-from stepscope.dashboard._data import context, store_for
+from stepscope.dashboard._data import context, store_for, view_columns
 from stepscope.errors import StepscopeError
 
 MAX_ROWS = 10_000
@@ -27,9 +27,7 @@ st.title("SQL")
 st.caption(f"Read-only DuckDB over the store. `$run` is bound to the chosen run (**{ctx.run}**). "
            f"At most {MAX_ROWS:,} rows, {TIME_LIMIT_S:.0f} s per query.")
 with st.expander("Views and columns"):
-    schema_store = store_for(ctx.root)
-    for view in schema_store.tables:
-        columns = schema_store.sql(f"DESCRIBE {view}").column("column_name").to_pylist()
+    for view, columns in view_columns(ctx.root, ",".join(ctx.runs["fingerprint"])).items():
         st.markdown(f"**{view}**: " + ", ".join(f"`{c}`" for c in columns))
 
 query = st.text_area("Query", EXAMPLE, height=160, key="sql_query")
