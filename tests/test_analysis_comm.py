@@ -21,7 +21,7 @@ from stepscope.analysis.comm import (
 from stepscope.analysis.findings import RULES
 from stepscope.store import open_store
 from stepscope.store.ingest import ingest_paths
-from tests.conftest import load_raw
+from tests.conftest import load_raw, write_trace
 from tests.rawcalc import comm_kernels, compute_union, covered, profiler_steps, rank_copy, span_ns
 
 NCCL = "hta/nccl_parser_config/nccl_data.json.gz"
@@ -351,18 +351,24 @@ def test_instances_on_two_real_ranks_of_one_job(tmp_path, shared_traces: Path) -
 
 
 def test_arrivals_without_process_group_args(tmp_path, shared_traces: Path) -> None:
-    """df_index_resolver's 2,020 all-reduce kernels carry no process-group args (pg_name null):
-    a rank copy 1 us late (its shortest kernels last 1 us) is still matched kernel by kernel and
-    found last every time."""
-    doc = load_raw(shared_traces / DFI)
-    assert min(k["dur"] for k in comm_kernels(doc)) >= 1
-    late = rank_copy(doc, 0, lambda i: 1.0, tmp_path / "r0.json.gz")
-    assert ingest_paths([shared_traces / DFI, late], tmp_path / "store", "dfi2").ok
+    """Older traces (df_index_resolver) carry no process-group args at all. Here: nccl_data with
+    its process-group args and pg_config removed, and a rank copy 5 us late: the collectives
+    are still matched one by one (pg_name null) and the copy is last at every one."""
+    doc = load_raw(shared_traces / NCCL)
+    doc["distributedInfo"] = {k: v for k, v in doc["distributedInfo"].items() if k != "pg_config"}
+    for k in comm_kernels(doc):
+        for key in ("Process Group Name", "Process Group Description", "Process Group Ranks"):
+            k["args"].pop(key)
+    top = {k: v for k, v in doc.items() if k != "traceEvents"}
+    plain = write_trace(tmp_path / "r0.json.gz", doc["traceEvents"], **top)
+    late = rank_copy(doc, 1, lambda i: LATE_US, tmp_path / "r1.json.gz")
+    assert ingest_paths([plain, late], tmp_path / "store", "nopg").ok
     store = open_store(tmp_path / "store")
-    rows = {r["rank"]: r for r in rank_arrivals(store, "dfi2").to_pylist()}
-    assert rows[0]["instances"] == rows[1]["instances"] == 2020
-    assert rows[0]["last_count"] == 2020 and rows[1]["last_count"] == 0
-    assert rows[0]["steps_last_most"] == 5 == rows[0]["steps_with_instances"]
+    assert all(r["pg_name"] is None for r in collective_instances(store, "nopg").to_pylist())
+    rows = {r["rank"]: r for r in rank_arrivals(store, "nopg").to_pylist()}
+    assert rows[0]["instances"] == rows[1]["instances"] == 21
+    assert rows[1]["last_count"] == 21 and rows[0]["last_count"] == 0
+    assert rows[1]["steps_last_most"] == 3 == rows[1]["steps_with_instances"]
 
 
 # ---- a real 2-rank gloo DDP run (CPU): host-side transfers ------------------------------------
