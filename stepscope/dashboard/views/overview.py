@@ -5,6 +5,7 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
+from stepscope.analysis.absent import Absent
 from stepscope.dashboard._data import context
 from stepscope.dashboard._filters import select
 from stepscope.dashboard._view import NS_PER_MS, PART_COLORS, chart, data_table, frame, ns_to_ms, shown
@@ -43,15 +44,9 @@ if shown(totals, "GPU totals"):
     with st.expander("Whole-trace GPU totals per rank (HTA definitions)", expanded=len(totals) > 1):
         data_table(totals)
 
-# Findings.
-st.subheader("Findings")
-findings = [f for f in ctx.findings() if f.evidence.get("rank") in (None, *ctx.ranks)]
-if not findings:
-    st.success("No rule fired for the selected ranks.", icon=":material/check:")
-for f in findings:
-    with st.expander(f"{f.message}", icon=SEVERITY_ICON.get(f.severity.value)):
-        st.caption(f"rule `{f.rule}` ({f.severity.value})")
-        st.json(dict(f.evidence))
+# Findings: their place is here, but they need every section of the run, the slowest thing to
+# compute on a first open; the charts below are drawn first and the findings fill this slot last.
+findings_slot = st.container()
 
 # Step breakdown.
 st.subheader("Where each step's GPU time goes")
@@ -94,17 +89,36 @@ if shown(steps, "Step breakdown"):
         with st.expander("Step breakdown table (ms)"):
             data_table(ns_to_ms(steps))
 
-# Step time over the whole run (collector's step timer).
+# Step time over the whole run: every step the collector timed (step_times) when the run has
+# them, else the profiled steps' windows.
 st.subheader("Step time over the whole run")
 times = ctx.analysis("steps.step_times")
-if shown(times, "Step times"):
+if isinstance(times, Absent):
+    windows = ctx.analysis("breakdown.step_windows")
+    if shown(windows, "Step times"):
+        st.caption(f"Profiled steps only ({times.reason}; the collector's step timer records every step).")
+        times = ns_to_ms(select(frame(windows), ctx)).rename(columns={"dur_ms": "wall_ms"})
+        times["profiled"] = True
+else:
     times = ns_to_ms(select(frame(times), ctx, step=None))
+if not isinstance(times, Absent) and not times.empty:
     chart(alt.Chart(times).mark_line(point=True).encode(
-        x=alt.X("step:Q", title="step"),
+        x=alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1)),
         y=alt.Y("wall_ms:Q", title="step time (ms)"),
         color=alt.Color("rank:N", title="rank"),
-        tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("step:Q"), alt.Tooltip("wall_ms:Q", title="wall (ms)", format=",.3f"),
+        tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("step:Q"), alt.Tooltip("wall_ms:Q", title="step (ms)", format=",.3f"),
                  alt.Tooltip("profiled:N")],
     ).properties(height=280))
     with st.expander("Step times table (ms)"):
         data_table(times)
+
+# Findings, into their slot at the top.
+findings_slot.subheader("Findings")
+with findings_slot, st.spinner("Evaluating the findings rules..."):
+    findings = [f for f in ctx.findings() if f.evidence.get("rank") in (None, *ctx.ranks)]
+if not findings:
+    findings_slot.success("No rule fired for the selected ranks.", icon=":material/check:")
+for f in findings:
+    with findings_slot.expander(f"{f.message}", icon=SEVERITY_ICON.get(f.severity.value)):
+        st.caption(f"rule `{f.rule}` ({f.severity.value})")
+        st.json(dict(f.evidence))
