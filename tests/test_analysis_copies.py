@@ -154,4 +154,41 @@ def test_every_column_and_rule_is_documented(ingested) -> None:
     for frame in (copy_events(store, "t"), copy_summary(store, "t")):
         for column in frame.column_names:
             assert column in section, f"column {column} is not in docs/ANALYSIS.md"
-    assert "`copies.pageable`" in _doc_section("Findings of communication, copies and memory")
+    for rule_id in ("copies.pageable", "copies.exposed"):
+        assert f"`{rule_id}`" in _doc_section("Findings of communication, copies and memory")
+
+
+def test_exposed_rule_fires_on_exposed_device_copies(ingested, shared_traces: Path) -> None:
+    """trace_diff/test (V100): 4,645 D2D copies, 27.9 GB, almost none under compute: 12% of the
+    summed ProfilerStep windows."""
+    relative = "hta/trace_diff/test/test.json.gz"
+    doc = load_raw(shared_traces / relative)
+    islands = compute_union(doc)
+    exposed = sum(end - start - covered(start, end, islands)
+                  for start, end, d, h, nbytes, _ in _raw_copies(doc) if d == "d2d")
+    steps_ns = sum(end - start for _, start, end in profiler_steps(doc))
+    found = evaluate({"copies": copies_section(open_store(ingested(relative)), "t", None)}, [RULES["copies.exposed"]])
+    assert [f.evidence["direction"] for f in found] == ["d2d"]
+    assert found[0].evidence["exposed_ns"] == exposed
+    assert found[0].evidence["exposed_pct_of_steps"] == pytest.approx(100 * exposed / steps_ns)
+    assert found[0].message.startswith("D2D copies exposed 12% of step time on rank 1 (27.92 GB")
+
+
+def test_exposed_rule_quiet_when_copies_are_small_or_hidden(ingested) -> None:
+    """control (A100): H2D exposed 3.6% of step time, D2D 0.6%."""
+    found = evaluate({"copies": copies_section(open_store(ingested(CONTROL)), "t", None)}, [RULES["copies.exposed"]])
+    assert found == []
+
+
+def test_exposed_share_of_each_step(ingested, shared_traces: Path) -> None:
+    doc = load_raw(shared_traces / CONTROL)
+    steps = {s: end - start for s, start, end in profiler_steps(doc)}
+    rows = copy_summary(open_store(ingested(CONTROL)), "t").to_pylist()
+    for r in rows:
+        if r["step"] is None:
+            assert r["exposed_pct_of_steps"] is None and "no ProfilerStep" in r["absent_reason"]
+        else:
+            assert r["exposed_pct_of_steps"] == pytest.approx(100 * r["exposed_ns"] / steps[r["step"]])
+    totals = copy_summary(open_store(ingested(CONTROL)), "t", per_step=False).to_pylist()
+    for r in totals:
+        assert r["exposed_pct_of_steps"] == pytest.approx(100 * r["exposed_ns"] / sum(steps.values()))

@@ -86,8 +86,8 @@ copies AS (
 )"""
 
 
-def _params(run: str, ranks: Sequence[int] | None) -> tuple[str, dict[str, object]]:
-    predicate, params = rank_filter(ranks, "e.rank")
+def _params(run: str, ranks: Sequence[int] | None, column: str = "e.rank") -> tuple[str, dict[str, object]]:
+    predicate, params = rank_filter(ranks, column)
     return predicate, {"run": run, **params}
 
 
@@ -115,28 +115,45 @@ def copy_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None,
     ``bandwidth_gbps`` is total bytes over total time; ``p10/p50/p90_bandwidth_gbps`` are over
     the copies (each weighted once) with a nonzero duration. ``pct_of_peak`` relates
     ``bandwidth_gbps`` to the link's peak; ``p50_pct_of_peak`` the median copy.
+    ``exposed_pct_of_steps`` relates the exposed time to the step's ``ProfilerStep`` CPU window
+    (to the sum of the rank's windows for the totals).
     """
     ranks_sql, params = _params(run, ranks)
+    steps_ranks_sql, _ = _params(run, ranks, "rank")
     step_col = "step" if per_step else "NULL::BIGINT AS step"
+    step_join = "s.step = g.step" if per_step else "s.step IS NULL"
     query = f"""
 WITH {_copies_ctes(ranks_sql)},
-bw AS (SELECT *, bytes / nullif(dur_ns, 0) AS bandwidth_gbps FROM copies)
-SELECT run, rank, {step_col}, direction, host_memory, count(*) AS count, sum(bytes)::BIGINT AS bytes,
-       sum(dur_ns)::BIGINT AS dur_ns, sum(hidden_ns)::BIGINT AS hidden_ns,
-       sum(exposed_ns)::BIGINT AS exposed_ns,
-       100.0 * sum(hidden_ns) / nullif(sum(dur_ns), 0) AS hidden_pct,
-       sum(bytes) / nullif(sum(dur_ns), 0) AS bandwidth_gbps,
-       quantile_cont(bandwidth_gbps, 0.1) AS p10_bandwidth_gbps,
-       quantile_cont(bandwidth_gbps, 0.5) AS p50_bandwidth_gbps,
-       quantile_cont(bandwidth_gbps, 0.9) AS p90_bandwidth_gbps,
-       max(bandwidth_gbps) AS max_bandwidth_gbps,
-       any_value(link) AS link, any_value(peak_gbps) AS peak_gbps,
-       100.0 * sum(bytes) / nullif(sum(dur_ns), 0) / any_value(peak_gbps) AS pct_of_peak,
-       100.0 * quantile_cont(bandwidth_gbps, 0.5) / any_value(peak_gbps) AS p50_pct_of_peak,
-       any_value(peak_absent_reason) AS absent_reason
-FROM bw
-GROUP BY ALL
-ORDER BY rank, step NULLS LAST, direction, host_memory
+bw AS (SELECT *, bytes / nullif(dur_ns, 0) AS bandwidth_gbps FROM copies),
+step_dur AS (
+  SELECT rank, step, sum(dur_ns) AS steps_ns FROM steps WHERE run = $run AND {steps_ranks_sql} GROUP BY rank, step
+  UNION ALL
+  SELECT rank, NULL, sum(dur_ns) FROM steps WHERE run = $run AND {steps_ranks_sql} GROUP BY rank
+),
+g AS (
+  SELECT run, rank, {step_col}, direction, host_memory, count(*) AS count, sum(bytes)::BIGINT AS bytes,
+         sum(dur_ns)::BIGINT AS dur_ns, sum(hidden_ns)::BIGINT AS hidden_ns,
+         sum(exposed_ns)::BIGINT AS exposed_ns,
+         100.0 * sum(hidden_ns) / nullif(sum(dur_ns), 0) AS hidden_pct,
+         sum(bytes) / nullif(sum(dur_ns), 0) AS bandwidth_gbps,
+         quantile_cont(bandwidth_gbps, 0.1) AS p10_bandwidth_gbps,
+         quantile_cont(bandwidth_gbps, 0.5) AS p50_bandwidth_gbps,
+         quantile_cont(bandwidth_gbps, 0.9) AS p90_bandwidth_gbps,
+         max(bandwidth_gbps) AS max_bandwidth_gbps,
+         any_value(link) AS link, any_value(peak_gbps) AS peak_gbps,
+         100.0 * sum(bytes) / nullif(sum(dur_ns), 0) / any_value(peak_gbps) AS pct_of_peak,
+         100.0 * quantile_cont(bandwidth_gbps, 0.5) / any_value(peak_gbps) AS p50_pct_of_peak,
+         any_value(peak_absent_reason) AS peak_absent_reason
+  FROM bw
+  GROUP BY ALL
+)
+SELECT g.* EXCLUDE (peak_absent_reason),
+       100.0 * g.exposed_ns / s.steps_ns AS exposed_pct_of_steps,
+       nullif(concat_ws('; ', g.peak_absent_reason,
+                        CASE WHEN s.steps_ns IS NULL THEN 'no ProfilerStep window for these copies' END), '')
+         AS absent_reason
+FROM g LEFT JOIN step_dur s ON s.rank = g.rank AND {step_join}
+ORDER BY g.rank, g.step NULLS LAST, g.direction, g.host_memory
 """
     return store.sql(query, params)
 
@@ -164,6 +181,44 @@ def copies_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Ma
 
 PAGEABLE_MIN_BYTES = 16 * 1024**2
 """Pageable traffic below this (scalars read back with ``.item()``, tiny inputs) is harmless."""
+
+
+EXPOSED_PCT_WARN = 10.0
+"""Copies of one direction exposed (not under compute) for this share of step time warn."""
+
+_EXPOSED_ADVICE = {
+    "h2d": "prefetch on a side stream from pinned memory (non_blocking=True) so compute hides it",
+    "d2h": "copy back asynchronously into pinned buffers, or less often",
+    "d2d": "look for needless copies (.contiguous(), torch.cat, dtype casts) in the hot path",
+    "other": "check what issues these copies",
+}
+
+
+@rule("copies.exposed", needs=("copies",))
+def exposed_rule(results: Results) -> Iterator[Finding]:
+    """Copies of one direction run outside compute for at least 10% of the rank's step time:
+    the GPU waits on them."""
+    result = results["copies"]
+    assert isinstance(result, CopiesResult)
+    exposed: dict[tuple[int, str], list[dict]] = {}
+    for row in result.totals.to_pylist():
+        exposed.setdefault((row["rank"], row["direction"]), []).append(row)
+    for (rank, direction), rows in sorted(exposed.items()):
+        pct = sum(r["exposed_pct_of_steps"] or 0.0 for r in rows)
+        if all(r["exposed_pct_of_steps"] is None for r in rows) or pct < EXPOSED_PCT_WARN:
+            continue
+        exposed_ns = sum(r["exposed_ns"] for r in rows)
+        dur_ns = sum(r["dur_ns"] for r in rows)
+        nbytes = sum(r["bytes"] or 0 for r in rows)
+        yield Finding(
+            Severity.WARNING,
+            "copies.exposed",
+            f"{direction.upper()} copies exposed {pct:.0f}% of step time on rank {rank} "
+            f"({nbytes / 1e9:.2f} GB, {100 * (1 - exposed_ns / dur_ns):.0f}% hidden under compute): "
+            f"{_EXPOSED_ADVICE[direction]}",
+            {"rank": rank, "direction": direction, "exposed_ns": exposed_ns, "dur_ns": dur_ns,
+             "bytes": nbytes, "exposed_pct_of_steps": pct},
+        )
 
 
 @rule("copies.pageable", needs=("copies",))
