@@ -201,16 +201,13 @@ def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
         _ns("sum(len) FILTER (NOT busy)", "idle_ns"),
         _ns("sum(len) FILTER (n0 > 0 AND n1 > 0)", "comm_overlapped_ns"),
         _ns(f"sum(len) FILTER ((n0 > 0 OR n1 > 0) AND {copies})", "memcpy_overlapped_ns"),
-        _ns("sum(len) FILTER (idle_cause = 'host_wait')", "idle_host_wait_ns"),
-        _ns("sum(len) FILTER (idle_cause = 'kernel_wait')", "idle_kernel_wait_ns"),
-        _ns("sum(len) FILTER (idle_cause = 'other')", "idle_other_ns"),
     ]
     names = [p.rsplit(" AS ", 1)[1] for p in parts]
     query = f"""
     WITH {gpu_cte(rf)},
     {window_ctes(rf)},
     iv AS (SELECT rank, t0, t1, cls FROM gpu),
-    {sweep_ctes(n, gaps=True)},
+    {sweep_ctes(n)},
     _launch AS (
         SELECT g.rank, g.t0, min(r.ts_ns) AS launch_ns
         FROM gpu g JOIN events r
@@ -218,19 +215,44 @@ def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
          AND r.correlation = g.correlation AND r.kind IN ('cuda_runtime', 'cuda_driver')
         GROUP BY g.rank, g.t0
     ),
-    _caused AS (
-        SELECT s.*,
-            CASE WHEN s.busy THEN NULL
-                 WHEN s.gap_start IS NULL OR s.gap_end IS NULL OR l.launch_ns > s.gap_start THEN 'host_wait'
-                 WHEN s.gap_end - s.gap_start < {KERNEL_WAIT_NS} THEN 'kernel_wait'
-                 ELSE 'other' END AS idle_cause
-        FROM seg s LEFT JOIN _launch l ON l.rank = s.rank AND l.t0 = s.gap_end
+    _prev AS (
+        SELECT rank, t0, max(t1) OVER (PARTITION BY rank ORDER BY t0, t1
+                                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+        FROM gpu
     ),
-    _parts AS (SELECT rank, step, {", ".join(parts)} FROM _caused GROUP BY rank, step)
+    _gaps AS (
+        SELECT DISTINCT rank, prev_end AS g0, t0 AS g1 FROM _prev WHERE prev_end IS NULL OR t0 > prev_end
+        UNION ALL
+        SELECT rank, max(t1), NULL FROM gpu GROUP BY rank
+    ),
+    _caused AS (
+        SELECT g.rank, g.g0, g.g1,
+            CASE WHEN g.g0 IS NULL OR g.g1 IS NULL OR l.launch_ns > g.g0 THEN 'host_wait'
+                 WHEN g.g1 - g.g0 < {KERNEL_WAIT_NS} THEN 'kernel_wait'
+                 ELSE 'other' END AS idle_cause
+        FROM _gaps g LEFT JOIN _launch l ON l.rank = g.rank AND l.t0 = g.g1
+    ),
+    _idle AS (
+        SELECT w.rank, w.step, c.idle_cause,
+               least(coalesce(c.g1, w.w1), w.w1) - greatest(coalesce(c.g0, w.w0), w.w0) AS len
+        FROM _caused c JOIN win w
+          ON c.rank = w.rank AND coalesce(c.g0, w.w0) < w.w1 AND coalesce(c.g1, w.w1) > w.w0
+    ),
+    _idle_parts AS (
+        SELECT rank, step,
+            {_ns("sum(len) FILTER (idle_cause = 'host_wait')", "idle_host_wait_ns")},
+            {_ns("sum(len) FILTER (idle_cause = 'kernel_wait')", "idle_kernel_wait_ns")},
+            {_ns("sum(len) FILTER (idle_cause = 'other')", "idle_other_ns")}
+        FROM _idle GROUP BY rank, step
+    ),
+    _parts AS (SELECT rank, step, {", ".join(parts)} FROM seg GROUP BY rank, step)
     SELECT $run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns,
            w.cpu_start AS cpu_start_ns, w.cpu_end - w.cpu_start AS cpu_dur_ns,
-           {", ".join(f"coalesce(p.{c}, 0)::BIGINT AS {c}" for c in names)}
-    FROM win w LEFT JOIN _parts p USING (rank, step)
+           {", ".join(f"coalesce(p.{c}, 0)::BIGINT AS {c}" for c in names)},
+           coalesce(i.idle_host_wait_ns, 0)::BIGINT AS idle_host_wait_ns,
+           coalesce(i.idle_kernel_wait_ns, 0)::BIGINT AS idle_kernel_wait_ns,
+           coalesce(i.idle_other_ns, 0)::BIGINT AS idle_other_ns
+    FROM win w LEFT JOIN _parts p USING (rank, step) LEFT JOIN _idle_parts i USING (rank, step)
     WHERE w.rank IN (SELECT DISTINCT rank FROM gpu)
     ORDER BY w.rank, w.step
     """
