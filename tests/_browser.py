@@ -34,7 +34,7 @@ PAGE_STATE_JS = """
     running: q('[data-testid="stStatusWidget"] [data-testid="stStatusWidgetRunningIcon"], ' +
                '[data-testid="stStatusWidget"] img').length > 0
              || (document.querySelector('[data-testid="stStatusWidget"]')?.innerText || '').includes('Running'),
-    skeletons: q('[data-testid="stSkeleton"]').length,
+    skeletons: q('[data-testid="stSkeleton"], [data-testid="stSpinner"]').length,
   });
 })()
 """

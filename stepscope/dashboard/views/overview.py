@@ -27,12 +27,60 @@ SEVERITY_ICON = {"critical": ":material/error:", "warning": ":material/warning:"
 ctx = context()
 st.title(f"Overview: {ctx.run}")
 
-# Headline: HTA-style whole-trace totals per rank.
+HOST_PARTS = {
+    "data_loading_ns": "data loading",
+    "optimizer_ns": "optimizer",
+    "compute_ops_ns": "compute ops",
+    "communication_ops_ns": "exposed communication ops",
+    "other_ns": "other (no op running)",
+}
+HOST_COLORS = {"data loading": "#F58518", "optimizer": "#B279A2", "compute ops": "#4C78A8",
+               "exposed communication ops": "#E45756", "other (no op running)": "#D3D3D3"}
+
+
+def breakdown_charts(steps, parts: dict[str, str], colors: dict[str, str], key: str) -> None:
+    """Stacked bars of one breakdown: a chosen rank's every step, and a chosen step's every rank.
+
+    Each bar segment is one row value of the analysis table (no aggregation here).
+    """
+    long = steps.melt(id_vars=["rank", "step", "dur_ns"], value_vars=list(parts), var_name="part_col",
+                      value_name="ns")
+    long["part"] = long["part_col"].map(parts)
+    long["ms"] = long["ns"] / NS_PER_MS
+    long["step_ms"] = long["dur_ns"] / NS_PER_MS
+    long["order"] = long["part_col"].map({c: i for i, c in enumerate(parts)})
+    color = alt.Color("part:N", title="part", sort=list(colors), legend=alt.Legend(labelLimit=260),
+                      scale=alt.Scale(domain=list(colors), range=list(colors.values())))
+    order = alt.Order("order:Q")
+    tooltip = [alt.Tooltip("rank:O"), alt.Tooltip("step:O"), alt.Tooltip("part:N"),
+               alt.Tooltip("ms:Q", title="time (ms)", format=",.3f"),
+               alt.Tooltip("step_ms:Q", title="step (ms)", format=",.3f")]
+    left, right = st.columns(2)
+    with left:
+        rank = st.selectbox("Rank, every step", sorted(steps["rank"].unique()), key=f"{key}_rank")
+        data = long[long["rank"] == rank]
+        chart(alt.Chart(data, title=f"rank {rank}: every step").mark_bar().encode(
+            x=alt.X("step:O", title="step", axis=alt.Axis(labelAngle=0)),
+            y=alt.Y("ms:Q", title="time (ms)", stack="zero"), color=color, order=order, tooltip=tooltip,
+        ).properties(height=320))
+    with right:
+        step = st.selectbox("Step, every rank", sorted(steps["step"].unique()), key=f"{key}_step")
+        data = long[long["step"] == step]
+        chart(alt.Chart(data, title=f"step {step}: every rank").mark_bar().encode(
+            x=alt.X("rank:O", title="rank", axis=alt.Axis(labelAngle=0, labelOverlap=True)),
+            y=alt.Y("ms:Q", title="time (ms)", stack="zero"), color=color, order=order, tooltip=tooltip,
+        ).properties(height=320))
+        if data["rank"].nunique() > 64:
+            st.caption(f"{data['rank'].nunique()} ranks: hover a bar for its rank.")
+
+
+# Headline: HTA-style whole-trace totals per rank (ranks without GPU events: the reason instead).
 totals = ctx.analysis("breakdown.rank_totals")
 if shown(totals, "GPU totals"):
     totals = ns_to_ms(select(frame(totals), ctx))
-    if len(totals) == 1 and totals["absent_reason"].isna().all():
-        row = totals.iloc[0]
+    with_gpu = totals[totals["absent_reason"].isna()]
+    if len(with_gpu) == 1:
+        row = with_gpu.iloc[0]
         cols = st.columns(5)
         cols[0].metric("GPU span (ms)", f"{row['gpu_span_ms']:,.2f}")
         cols[1].metric("GPU busy (ms)", f"{row['gpu_busy_ms']:,.2f}")
@@ -41,14 +89,17 @@ if shown(totals, "GPU totals"):
         overlap = row["comm_comp_overlap_pct"]
         cols[4].metric("comm. hidden (%)", "n/a" if overlap != overlap else f"{overlap:.1f}",
                        help=row["overlap_absent_reason"] or "communication time under compute kernels")
-    with st.expander("Whole-trace GPU totals per rank (HTA definitions)", expanded=len(totals) > 1):
-        data_table(totals)
+    if with_gpu.empty:
+        for reason in sorted(set(totals["absent_reason"].dropna())):
+            st.info(f"GPU totals: {reason}", icon=":material/info:")
+    else:
+        with st.expander("Whole-trace GPU totals per rank (HTA definitions)", expanded=len(with_gpu) > 1):
+            data_table(with_gpu)
 
 # Findings: their place is here, but they need every section of the run, the slowest thing to
 # compute on a first open; the charts below are drawn first and the findings fill this slot last.
 findings_slot = st.container()
 
-# Step breakdown.
 st.subheader("Where each step's GPU time goes")
 steps = ctx.analysis("breakdown.step_breakdown")
 if shown(steps, "Step breakdown"):
@@ -56,38 +107,22 @@ if shown(steps, "Step breakdown"):
     if steps.empty:
         st.info("No steps of the selected ranks fall in the step range.")
     else:
-        long = steps.melt(id_vars=["rank", "step", "dur_ns"], value_vars=list(PARTS), var_name="part_col",
-                          value_name="ns")
-        long["part"] = long["part_col"].map(PARTS)
-        long["ms"] = long["ns"] / NS_PER_MS
-        long["step_ms"] = long["dur_ns"] / NS_PER_MS
-        color = alt.Color("part:N", title="part", sort=list(PART_COLORS),
-                          scale=alt.Scale(domain=list(PART_COLORS), range=list(PART_COLORS.values())))
-        order = alt.Order("order:Q")
-        long["order"] = long["part_col"].map({c: i for i, c in enumerate(PARTS)})
-        tooltip = [alt.Tooltip("rank:O"), alt.Tooltip("step:O"), alt.Tooltip("part:N"),
-                   alt.Tooltip("ms:Q", title="time (ms)", format=",.3f"),
-                   alt.Tooltip("step_ms:Q", title="step (ms)", format=",.3f")]
-        left, right = st.columns(2)
-        with left:
-            rank = st.selectbox("Rank, every step", sorted(steps["rank"].unique()), key="overview_rank")
-            data = long[long["rank"] == rank]
-            chart(alt.Chart(data, title=f"rank {rank}: every step").mark_bar().encode(
-                x=alt.X("step:O", title="step", axis=alt.Axis(labelAngle=0)),
-                y=alt.Y("ms:Q", title="time (ms)", stack="zero"), color=color, order=order, tooltip=tooltip,
-            ).properties(height=320))
-        with right:
-            step = st.selectbox("Step, every rank", sorted(steps["step"].unique()), key="overview_step")
-            data = long[long["step"] == step]
-            n_ranks = data["rank"].nunique()
-            chart(alt.Chart(data, title=f"step {step}: every rank").mark_bar().encode(
-                x=alt.X("rank:O", title="rank", axis=alt.Axis(labelAngle=0, labelOverlap=True)),
-                y=alt.Y("ms:Q", title="time (ms)", stack="zero"), color=color, order=order, tooltip=tooltip,
-            ).properties(height=320))
-            if n_ranks > 64:
-                st.caption(f"{n_ranks} ranks: hover a bar for its rank.")
+        breakdown_charts(steps, PARTS, PART_COLORS, "gpu")
         with st.expander("Step breakdown table (ms)"):
             data_table(ns_to_ms(steps))
+
+st.subheader("Where each step's host (CPU) time goes")
+host = ctx.analysis("breakdown.host_breakdown")
+if shown(host, "Host breakdown"):
+    host = select(frame(host), ctx)
+    if host.empty:
+        st.info("No steps of the selected ranks fall in the step range.")
+    else:
+        st.caption("Over all of the rank's threads, in priority order: data loading, optimizer, other "
+                   "CPU ops, communication ops not under those; other: no op running.")
+        breakdown_charts(host, HOST_PARTS, HOST_COLORS, "host")
+        with st.expander("Host breakdown table (ms)"):
+            data_table(ns_to_ms(host))
 
 # Step time over the whole run: every step the collector timed (step_times) when the run has
 # them, else the profiled steps' windows.
