@@ -346,6 +346,31 @@ ORDER BY pg_name, collective
     return store.sql(query, params)
 
 
+def arrival_skew(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
+    """Per rank and collective: how late the rank starts the instances it takes part in.
+
+    Over instances seen once on each of two ranks or more (as :func:`collective_instances`),
+    ``late_ns`` of a rank at an instance is its start minus the earliest start among the ranks.
+    Columns: ``run, rank, collective, instances, mean_late_ns, max_late_ns, last_count`` (how often
+    it started last). Point-to-point transfers are included: this is a map of who waits, not a
+    straggler verdict (see :func:`rank_arrivals` for that).
+    """
+    ranks_sql, params = _params(run, ranks)
+    query = f"""
+WITH {_instances_ctes(ranks_sql)},
+multi AS (SELECT * FROM inst WHERE {_MULTI})
+SELECT $run AS run, k.rank, m.collective, count(*) AS instances,
+       avg(k.ts_ns - m.first_start_ns) AS mean_late_ns, max(k.ts_ns - m.first_start_ns) AS max_late_ns,
+       count(*) FILTER (WHERE m.last_rank_any = k.rank) AS last_count
+FROM keyed k JOIN multi m
+  ON k.pg_name IS NOT DISTINCT FROM m.pg_name AND k.matched_by = m.matched_by
+ AND k.match_step IS NOT DISTINCT FROM m.match_step AND k.match_seq = m.match_seq
+GROUP BY k.rank, m.collective
+ORDER BY k.rank, m.collective
+"""
+    return store.sql(query, params)
+
+
 def rank_compute(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
     """Per rank: mean compute time per step and its excess over the median rank, in percent.
 
