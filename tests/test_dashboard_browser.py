@@ -24,7 +24,7 @@ SHARED_RUNS = {
     "sampled": ["hta/trace_filter/sampled_rank-0.json.gz", "hta/trace_filter/sampled_rank-1.json.gz"],
     "control": ["hta/trace_diff/control/control.json.gz"],
 }
-MIN_CHARTS_ON_SHARED = {"overview": 2, "copies": 3, "kernels": 3, "compare": 1}
+MIN_CHARTS_ON_SHARED = {"overview": 4, "communication": 1, "copies": 3, "kernels": 3, "compare": 1}
 """Charts each page must draw for the shared run ``sampled`` against baseline ``control``."""
 PAGES = ("overview", "runs", "communication", "copies", "memory", "kernels", "compare", "sql")
 

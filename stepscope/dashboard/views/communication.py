@@ -54,13 +54,21 @@ if shown(result, "Communication"):
     skew = ctx.analysis("comm.arrival_skew")
     if shown(skew, "Arrival skew per rank and collective"):
         skew = ns_to_ms(select(frame(skew), ctx))
+    if not isinstance(skew, Absent) and skew.empty:
+        st.info("No collective instance was matched on two or more of the selected ranks.", icon=":material/info:")
+    elif not isinstance(skew, Absent):
         chart(alt.Chart(skew).mark_rect().encode(
             x=alt.X("collective:N", title="collective", axis=alt.Axis(labelAngle=0)),
             y=alt.Y("rank:O", title="rank"),
             color=alt.Color("mean_late_ms:Q", title="mean late arrival (ms)", scale=alt.Scale(scheme="orangered")),
             tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("collective:N"), alt.Tooltip("instances:Q"),
-                     alt.Tooltip("mean_late_ms:Q", title="mean late (ms)", format=",.3f")],
+                     alt.Tooltip("mean_late_ms:Q", title="mean late (ms)", format=",.3f"),
+                     alt.Tooltip("max_late_ms:Q", title="max late (ms)", format=",.3f"),
+                     alt.Tooltip("last_count:Q", title="started last")],
         ).properties(height=max(160, 18 * skew["rank"].nunique())))
+        st.caption("Late: the rank's start minus the earliest start of the same collective instance.")
+        with st.expander("Lateness per rank and collective"):
+            data_table(skew)
     if not isinstance(result.skew, Absent):
         with st.expander("Skew per process group and collective (instances matched across ranks)", expanded=True):
             data_table(ns_to_ms(frame(result.skew)))
@@ -71,7 +79,8 @@ if shown(result, "Communication"):
     if shown(result.arrivals, "Last arrivals"):
         arrivals = ns_to_ms(select(frame(result.arrivals), ctx))
     if not isinstance(result.arrivals, Absent) and arrivals.empty:
-        st.info("No collective was matched on two or more of the selected ranks: no last arrivals to count.",
+        st.info("No collective (point-to-point transfers aside: a pipeline makes one side wait by design) "
+                "was matched on two or more of the selected ranks: no last arrivals to count.",
                 icon=":material/info:")
     elif not isinstance(result.arrivals, Absent):
         chart(alt.Chart(arrivals).mark_bar().encode(
