@@ -448,3 +448,28 @@ def test_gloo_instances_and_arrivals_match_raw(gloo_run) -> None:
     compute = result.compute.to_pylist()
     assert [r["compute_source"] for r in compute] == ["host", "host"]
     assert sum(r["compute_vs_median_pct"] for r in compute) == pytest.approx(0, abs=1e-9)  # two ranks: median = mean
+
+
+@pytest.mark.parametrize("relative", [NCCL, DFI, "hta/trace_diff/control/control.json.gz"])
+def test_frames_are_typed_and_sections_serialise(ingested, relative) -> None:
+    """No DuckDB HUGEINT/DECIMAL leaks into a frame (pandas objects, JSON failures): every
+    column is an integer, float, string, bool or list, and every section's JSON dumps."""
+    import json
+
+    import pyarrow as pa
+
+    from stepscope.analysis import copies, jsonable, memory
+    from stepscope.analysis import comm as comm_module
+    from stepscope.analysis.sections import SECTIONS
+
+    store = open_store(ingested(relative))
+    frames = [collective_kernels(store, "t"), collective_summary(store, "t"), group_phase_summary(store, "t"),
+              copies.copy_events(store, "t"), copies.copy_summary(store, "t"),
+              memory.step_peaks(store, "t"), memory.live_at_peak(store, "t"), memory.memory_timeline(store, "t")]
+    for frame in frames:
+        for field in frame.schema:
+            assert not pa.types.is_decimal(field.type), field
+    for name, compute in (("comm", comm_module.comm_section), ("copies", copies.copies_section),
+                          ("memory", memory.memory_section)):
+        result = compute(store, "t", None)
+        json.dumps(jsonable(result if isinstance(result, Absent) else SECTIONS[name].to_json(result)))

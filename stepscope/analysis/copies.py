@@ -47,7 +47,7 @@ NO_COPIES = "no memcpy events in this rank's trace"
 
 def _link_values() -> str:
     rows = ", ".join(
-        f"({i}, '{pattern}', '{link}', {peak})" for i, (pattern, link, peak) in enumerate(LINK_PEAKS)
+        f"({i}, '{pattern}', '{link}', {peak}::DOUBLE)" for i, (pattern, link, peak) in enumerate(LINK_PEAKS)
     )
     return f"(VALUES {rows}) AS l(priority, pattern, link, peak_gbps)"
 

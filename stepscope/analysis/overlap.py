@@ -38,14 +38,14 @@ win AS (
 {sweep_ctes(1)},
 {out}_cum AS (
   SELECT rank, s0, n0 > 0 AS covered,
-         sum(CASE WHEN n0 > 0 THEN len ELSE 0 END) OVER (PARTITION BY rank ORDER BY s0 ROWS UNBOUNDED PRECEDING)
-           - CASE WHEN n0 > 0 THEN len ELSE 0 END AS before_ns
+         (sum(CASE WHEN n0 > 0 THEN len ELSE 0 END) OVER (PARTITION BY rank ORDER BY s0 ROWS UNBOUNDED PRECEDING)
+           - CASE WHEN n0 > 0 THEN len ELSE 0 END)::BIGINT AS before_ns
   FROM seg
 ),
 {out} AS (
   SELECT t.point_id,
-         (e.before_ns + CASE WHEN e.covered THEN t.t1 - e.s0 ELSE 0 END)
-         - (b.before_ns + CASE WHEN b.covered THEN t.t0 - b.s0 ELSE 0 END) AS hidden_ns
+         ((e.before_ns + CASE WHEN e.covered THEN t.t1 - e.s0 ELSE 0 END)
+         - (b.before_ns + CASE WHEN b.covered THEN t.t0 - b.s0 ELSE 0 END))::BIGINT AS hidden_ns
   FROM {targets} t
   ASOF JOIN {out}_cum b ON b.rank = t.rank AND t.t0 >= b.s0
   ASOF JOIN {out}_cum e ON e.rank = t.rank AND t.t1 >= e.s0
