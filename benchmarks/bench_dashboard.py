@@ -1,0 +1,111 @@
+"""Page render times of the dashboard on big generated runs, measured with Streamlit's AppTest.
+
+Runs (built once per invocation, from real traces in ../shared/traces):
+
+- ``big8``: 8 ranks x 216k events, each rank a copy of ``hta/df_index_resolver`` (rank 1 of a
+  V100 NCCL job) with timestamps shifted (``benchmarks/_scale.py`` copies the store partitions
+  with ``write_partition``: re-ingesting 8 x 54 MB of JSON would only time the ingest).
+- ``wide256``: 256 ranks x 4.9k events, copies of ``hta/trace_filter/sampled_rank-0`` (rank 0
+  of a 128-rank NCCL job), for the Overview target.
+
+For each page: *first* render (the analysis caches empty: the page computes its aggregates once
+per run) and *cached* render (a new session, as a second visitor or a page switch: the per-run
+aggregates come from ``st.cache_data``, no raw events are read). Targets (issue 5): every page
+under 1 s on ``big8``, the Overview under 3 s on ``wide256``; they apply to the cached render,
+which is what a user sees after the first open of a run. Prints measured times and ratios to the
+targets; asserts nothing (timings belong here, not in tests).
+
+    python benchmarks/bench_dashboard.py [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks._scale import scale_rank  # noqa: E402
+
+SHARED = REPO.parent / "shared" / "traces"
+APP = REPO / "stepscope" / "dashboard" / "app.py"
+PAGES = ("runs", "overview", "communication", "copies", "memory", "kernels", "compare", "sql")
+BIG = ("big8", "hta/df_index_resolver/df_index_resolver.json.gz", 1, 8)
+WIDE = ("wide256", "hta/trace_filter/sampled_rank-0.json.gz", 0, 256)
+TARGET_S = {"big8": 1.0, "wide256": 3.0}
+REPEATS = 3
+
+
+def build(root: Path) -> None:
+    """Ingest each source trace once, then write the scaled runs' partitions directly."""
+    from stepscope.store.ingest import ingest_paths
+
+    src = root / "src"
+    for run, relative, rank, copies in (BIG, WIDE):
+        started = time.perf_counter()
+        report = ingest_paths([SHARED / relative], src, f"src-{run}")
+        assert report.ok, report.errors
+        scale_rank(src, f"src-{run}", rank, root / "store", run, copies)
+        print(f"built {run}: {copies} ranks of {relative} in {time.perf_counter() - started:.1f} s", flush=True)
+
+
+def render(store: Path, page: str, run: str, baseline: str | None) -> float:
+    """Seconds for a new session to render ``page`` (the app's shared script included)."""
+    from streamlit.testing.v1 import AppTest
+
+    sys.argv = ["app.py", "--store", str(store)]
+    at = AppTest.from_file(str(APP), default_timeout=900)
+    at.query_params["run"] = run
+    if baseline:
+        at.query_params["baseline"] = baseline
+    at.switch_page(f"views/{page}.py")  # land on the page directly, as a bookmarked URL does
+    started = time.perf_counter()
+    at.run()
+    elapsed = time.perf_counter() - started
+    if at.exception:
+        raise RuntimeError(f"{page}: {at.exception[0].value}")
+    return elapsed
+
+
+def measure(store: Path, run: str, baseline: str | None, pages: tuple[str, ...]) -> None:
+    import streamlit as st
+
+    target = TARGET_S[run]
+    print(f"\n{run}: target {target:.0f} s per page (cached render)")
+    print(f"  {'page':<14} {'first (s)':>10} {'cached (s)':>11} {'cached/target':>14}")
+    for page in pages:
+        st.cache_data.clear()  # every analysis of every run recomputed: the first open of a run
+        first = render(store, page, run, baseline)
+        cached = statistics.median(render(store, page, run, baseline) for _ in range(REPEATS))
+        flag = "ok" if cached < target else "OVER"
+        print(f"  {page:<14} {first:>10.2f} {cached:>11.3f} {cached / target:>13.2f}x  {flag}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", type=Path, help="build the stores here and keep them (reused when present)")
+    args = parser.parse_args()
+    if not SHARED.is_dir():
+        print(f"{SHARED}: not present; this benchmark needs the shared traces")
+        return 2
+    root = args.keep or Path(tempfile.mkdtemp(prefix="bench-dashboard-"))
+    try:
+        if not (root / "store").is_dir():
+            build(root)
+        store = root / "store"
+        measure(store, "big8", "wide256", PAGES)
+        measure(store, "wide256", None, ("overview",))
+    finally:
+        if args.keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
