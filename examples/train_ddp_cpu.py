@@ -1,10 +1,11 @@
 """Train a small transformer with DDP on 2 CPU ranks (gloo) under ``stepscope.profile``.
 
-    python examples/train_ddp_cpu.py --store runs/ --run ddp-gloo-2ranks
+    python examples/train_ddp_cpu.py --store runs/ --run-name ddp-gloo-2ranks
+    torchrun --standalone --nproc-per-node 2 examples/train_ddp_cpu.py --store runs/
     stepscope runs --store runs/
 
-Every rank writes its own partition of the same run; ranks are started with ``mp.spawn`` (under
-``torchrun`` the same ``train_rank`` body applies, with the rank from the environment).
+Every rank writes its own partition of the same run. Started plainly, the script spawns the
+ranks with ``mp.spawn``; under ``torchrun`` each process is one rank, from the environment.
 """
 
 from __future__ import annotations
@@ -48,11 +49,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def train_rank(rank: int, world_size: int, port: int, cfg: DDPRun) -> None:
-    """One rank: join the gloo group, wrap the model in DDP, train under stepscope.profile."""
+def train_rank(rank: int, world_size: int, port: int | None, cfg: DDPRun) -> None:
+    """One rank: join the gloo group, wrap the model in DDP, train under stepscope.profile.
+
+    ``port`` None: the launcher (torchrun) has set MASTER_ADDR/MASTER_PORT already.
+    """
     torch.set_num_threads(1)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
+    if port is not None:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(port)
     logging.basicConfig(level=logging.INFO, format=f"rank {rank} %(levelname)s %(name)s: %(message)s")
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
@@ -80,17 +85,21 @@ def train(cfg: DDPRun, world_size: int = 2) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", default="runs")
-    parser.add_argument("--run", default="ddp-gloo-2ranks")
+    # Not ``--run``: torchrun's own parser would take it for an abbreviation of ``--run-path``.
+    parser.add_argument("--run-name", default="ddp-gloo-2ranks")
     parser.add_argument("--ranks", type=int, default=2)
     for name, value in asdict(DDPRun(store="", run="")).items():
         if isinstance(value, int) and not isinstance(value, bool):
             parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=value)
     parser.add_argument("--trace-dir", default=None, help="also keep the exported Kineto JSON here")
     args = parser.parse_args()
-    cfg = DDPRun(store=args.store, run=args.run, steps=args.steps, wait=args.wait,
+    cfg = DDPRun(store=args.store, run=args.run_name, steps=args.steps, wait=args.wait,
                  warmup=args.warmup, active=args.active, trace_dir=args.trace_dir)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: this process is one rank
+        train_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, cfg)
+        return
     train(cfg, args.ranks)
-    print(f"run {args.run!r} ({args.ranks} ranks) is in {Path(args.store)}")
+    print(f"run {args.run_name!r} ({args.ranks} ranks) is in {Path(args.store)}")
 
 
 if __name__ == "__main__":

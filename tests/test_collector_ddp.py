@@ -98,6 +98,11 @@ def test_allreduce_sizes_match_ddp_buckets(ddp_run: dict[str, Any]) -> None:
         gloo = Counter(element_count(e["args"]["Input Dims"]) for e in raw["traceEvents"]
                        if e.get("name") == "gloo:all_reduce")
         assert gloo == sizes
+    # The gloo thread's annotation carries the element type: fp32, so 4 bytes per element.
+    gloo_rows = ddp_run["store"].sql(
+        "SELECT DISTINCT dtype, bytes = 4 * in_nelems AS four_bytes_each FROM events "
+        "WHERE name = 'gloo:all_reduce'").to_pylist()
+    assert gloo_rows == [{"dtype": "float", "four_bytes_each": True}]
 
 
 def test_metadata_is_recorded(ddp_run: dict[str, Any]) -> None:
@@ -154,3 +159,24 @@ def test_memory_events_are_labelled_by_role(ddp_run: dict[str, Any]) -> None:
     other = ddp_run["store"].sql(
         "SELECT count(*) AS n FROM memory WHERE bytes > 0 AND step IS NOT NULL").to_pylist()[0]["n"]
     assert other > 2 * len(RECORDED) * n_params, "activations and temporaries remain unlabelled"
+
+
+def test_torchrun_ranks_write_one_run(tmp_path: Path) -> None:
+    """Under torchrun (each process one rank, rank from the environment) the ranks agree on one
+    run, and each writes its own partition."""
+    import subprocess
+    import sys
+
+    from tests.collector_support import EXAMPLES
+
+    store = tmp_path / "store"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node=2", str(EXAMPLES / "train_ddp_cpu.py"), "--steps", "5",
+                    "--wait", "1", "--warmup", "1", "--active", "1", "--store", str(store),
+                    "--run-name", "via torchrun"],
+                   check=True, capture_output=True, timeout=240)
+    opened = open_store(store)
+    assert opened.sql("SELECT run, ranks, world_size, backend FROM runs").to_pylist() == [
+        {"run": "via-torchrun", "ranks": 2, "world_size": 2, "backend": "gloo"}]
+    assert opened.sql("SELECT rank, count(*) AS n FROM step_times GROUP BY rank ORDER BY rank"
+                      ).to_pylist() == [{"rank": 0, "n": 5}, {"rank": 1, "n": 5}]
