@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -141,11 +142,35 @@ END
 """
 
 
+def _kernels_table(store: SQLStore, run: str, ranks: Sequence[int] | None) -> pa.Table:
+    """Every communication kernel of the run with its hidden time, phase and busbw factor.
+
+    The one query that touches the store's events (the sweep and the phase join are its cost);
+    the frames below aggregate its result, so a section runs it once, not once per frame.
+    """
+    ranks_sql, params = _params(run, ranks)
+    return store.sql(f"WITH {_kernels_ctes(ranks_sql)} SELECT * EXCLUDE (source, correlation) FROM kernels", params)
+
+
+def _local(query: str, params: dict[str, object] | None = None, **tables: pa.Table) -> pa.Table:
+    """Run ``query`` in DuckDB over Arrow tables already fetched (a few rows per collective)."""
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("SET threads TO 2")
+        for name, table in tables.items():
+            con.register(name, table)
+        return con.sql(query, params=params).to_arrow_table()
+    finally:
+        con.close()
+
+
 def collective_kernels(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """One row per communication kernel: size, time, hidden/exposed time, phase, algbw/busbw."""
-    ranks_sql, params = _params(run, ranks)
-    query = f"""
-WITH {_kernels_ctes(ranks_sql)}
+    return _kernel_frame(_kernels_table(store, run, ranks))
+
+
+def _kernel_frame(kernels: pa.Table) -> pa.Table:
+    return _local(f"""
 SELECT run, rank, step, phase, collective, pg_name, pg_desc, pg_ranks, group_size, comm_seq,
        ts_ns, dur_ns, hidden_ns, exposed_ns, bytes, dtype, stream, name, host_side,
        bytes / nullif(dur_ns, 0) AS algbw_gbps,
@@ -153,8 +178,7 @@ SELECT run, rank, step, phase, collective, pg_name, pg_desc, pg_ranks, group_siz
        nullif(concat_ws('; ', {_ABSENT_BW_SQL}, CASE WHEN host_side THEN '{_HOST_REASON}' END), '') AS absent_reason
 FROM kernels
 ORDER BY rank, ts_ns
-"""
-    return store.sql(query, params)
+""", kernels=kernels)
 
 
 def collective_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
@@ -164,9 +188,11 @@ def collective_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = 
     kernels with a known size; ``sized_count`` says how many those are. Kernels with no recorded
     size fall in bucket null.
     """
-    ranks_sql, params = _params(run, ranks)
+    return _collective_summary(_kernels_table(store, run, ranks))
+
+
+def _collective_summary(kernels: pa.Table) -> pa.Table:
     query = f"""
-WITH {_kernels_ctes(ranks_sql)}
 SELECT run, rank, collective, host_side, {_BUCKET_SQL} AS size_bucket, {_BUCKET_MIN_SQL} AS size_bucket_min_bytes,
        count(*) AS count, count(bytes) AS sized_count, sum(bytes)::BIGINT AS bytes,
        sum(dur_ns)::BIGINT AS dur_ns, sum(hidden_ns)::BIGINT AS hidden_ns, sum(exposed_ns)::BIGINT AS exposed_ns,
@@ -181,7 +207,7 @@ FROM kernels
 GROUP BY ALL
 ORDER BY rank, collective, size_bucket_min_bytes NULLS FIRST
 """
-    return store.sql(query, params)
+    return _local(query, kernels=kernels)
 
 
 def group_phase_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
@@ -190,13 +216,20 @@ def group_phase_summary(store: SQLStore, run: str, ranks: Sequence[int] | None =
     ``exposed_pct_of_steps`` relates the exposed time to the rank's total ``ProfilerStep`` time
     (null, with a reason, when the trace has no steps).
     """
-    ranks_sql, params = _params(run, ranks)
+    return _group_phase_summary(_kernels_table(store, run, ranks), _step_totals(store, run, ranks))
+
+
+def _step_totals(store: SQLStore, run: str, ranks: Sequence[int] | None) -> pa.Table:
+    """Per rank: the summed duration of its ``ProfilerStep`` CPU windows."""
+    ranks_sql, params = _params(run, ranks, "rank")
+    return store.sql(
+        f"SELECT run, rank, sum(dur_ns)::BIGINT AS steps_ns FROM steps WHERE run = $run AND {ranks_sql} GROUP BY ALL",
+        params,
+    )
+
+
+def _group_phase_summary(kernels: pa.Table, step_total: pa.Table) -> pa.Table:
     query = f"""
-WITH {_kernels_ctes(ranks_sql)},
-step_total AS (
-  SELECT run, rank, sum(dur_ns)::BIGINT AS steps_ns FROM steps
-  WHERE run = $run AND {ranks_sql.replace('e.rank', 'rank')} GROUP BY ALL
-)
 SELECT k.run, k.rank, k.pg_name, k.pg_desc, k.pg_ranks, k.group_size, k.phase, k.host_side,
        string_agg(DISTINCT k.collective, ', ' ORDER BY k.collective) AS collectives, count(*) AS count, sum(k.bytes)::BIGINT AS bytes, sum(k.dur_ns)::BIGINT AS dur_ns,
        sum(k.hidden_ns)::BIGINT AS hidden_ns, sum(k.exposed_ns)::BIGINT AS exposed_ns,
@@ -209,13 +242,10 @@ FROM kernels k LEFT JOIN step_total s ON s.run = k.run AND s.rank = k.rank
 GROUP BY ALL
 ORDER BY k.rank, exposed_ns DESC
 """
-    return store.sql(query, params)
+    return _local(query, kernels=kernels, step_total=step_total)
 
 
-def _instances_ctes(ranks_sql: str) -> str:
-    """CTEs up to ``inst``: one row per collective instance matched across ranks."""
-    return f"""
-{_kernels_ctes(ranks_sql)},
+_INSTANCES_CTES = """
 keyed AS (
   SELECT *,
          CASE WHEN comm_seq IS NOT NULL THEN 'comm_seq' ELSE 'step_order' END AS matched_by,
@@ -242,6 +272,8 @@ inst AS (
   FROM keyed_max
   GROUP BY pg_name, matched_by, match_step, match_seq
 )"""
+"""CTEs ``keyed`` (kernels with their match key) and ``inst`` (one row per collective instance
+matched across ranks), over the relation ``kernels``."""
 
 
 _POINT_TO_POINT = "('send', 'recv', 'send_recv')"
@@ -260,9 +292,8 @@ def collective_instances(store: SQLStore, run: str, ranks: Sequence[int] | None 
     ranks or more than once on a rank (the matching is then ambiguous); ``absent_reason`` says so.
     ``last_rank`` is null when two ranks started at the same nanosecond.
     """
-    ranks_sql, params = _params(run, ranks)
     query = f"""
-WITH {_instances_ctes(ranks_sql)}
+WITH {_INSTANCES_CTES}
 SELECT run, step, pg_name, pg_desc, matched_by, match_seq, collective, collective_mismatch,
        ranks, bytes,
        CASE WHEN {_MULTI} THEN last_start_ns - first_start_ns END AS start_skew_ns,
@@ -279,7 +310,7 @@ SELECT run, step, pg_name, pg_desc, matched_by, match_seq, collective, collectiv
 FROM inst
 ORDER BY first_start_ns
 """
-    return store.sql(query, params)
+    return _local(query, kernels=_kernels_table(store, run, ranks))
 
 
 def rank_arrivals(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
@@ -294,9 +325,12 @@ def rank_arrivals(store: SQLStore, run: str, ranks: Sequence[int] | None = None)
     ``steps_with_instances``: a straggler that recurs step after step is a slow rank, one that
     does not is noise.
     """
-    ranks_sql, params = _params(run, ranks)
+    return _rank_arrivals(_kernels_table(store, run, ranks))
+
+
+def _rank_arrivals(kernels: pa.Table) -> pa.Table:
     query = f"""
-WITH {_instances_ctes(ranks_sql)},
+WITH {_INSTANCES_CTES},
 multi AS (SELECT * FROM inst WHERE {_MULTI} AND collective NOT IN {_POINT_TO_POINT}),
 seen AS (
   SELECT k.rank, count(*) AS instances, count(*) FILTER (WHERE m.last_rank_any = k.rank) AS last_count,
@@ -315,7 +349,7 @@ step_top AS (
   FROM (SELECT *, max(n) OVER (PARTITION BY step) AS max_n FROM per_step)
   GROUP BY step
 )
-SELECT $run AS run, s.rank, s.instances, s.last_count,
+SELECT (SELECT any_value(run) FROM kernels) AS run, s.rank, s.instances, s.last_count,
        100.0 * s.last_count / s.instances AS last_pct,
        s.late_ns / s.instances AS mean_late_ns,
        (SELECT count(*) FROM step_top t WHERE t.top_rank = s.rank) AS steps_last_most,
@@ -323,16 +357,19 @@ SELECT $run AS run, s.rank, s.instances, s.last_count,
 FROM seen s
 ORDER BY s.rank
 """
-    return store.sql(query, params)
+    return _local(query, kernels=kernels)
 
 
 def skew_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """Per process group and collective, over instances seen once on each of two ranks or more:
     how many, mean and max start skew, mean duration spread, and median bus bandwidth of the
     transfer (from each instance's shortest duration)."""
-    ranks_sql, params = _params(run, ranks)
+    return _skew_summary(_kernels_table(store, run, ranks))
+
+
+def _skew_summary(kernels: pa.Table) -> pa.Table:
     query = f"""
-WITH {_instances_ctes(ranks_sql)}
+WITH {_INSTANCES_CTES}
 SELECT any_value(run) AS run, pg_name, any_value(pg_desc) AS pg_desc, collective,
        count(*) AS instances, max(ranks) AS ranks,
        avg(last_start_ns - first_start_ns) AS mean_start_skew_ns,
@@ -343,7 +380,7 @@ FROM inst WHERE {_MULTI}
 GROUP BY pg_name, collective
 ORDER BY pg_name, collective
 """
-    return store.sql(query, params)
+    return _local(query, kernels=kernels)
 
 
 def arrival_skew(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
@@ -355,9 +392,8 @@ def arrival_skew(store: SQLStore, run: str, ranks: Sequence[int] | None = None) 
     it started last). Point-to-point transfers are included: this is a map of who waits, not a
     straggler verdict (see :func:`rank_arrivals` for that).
     """
-    ranks_sql, params = _params(run, ranks)
     query = f"""
-WITH {_instances_ctes(ranks_sql)},
+WITH {_INSTANCES_CTES},
 multi AS (SELECT * FROM inst WHERE {_MULTI})
 SELECT $run AS run, k.rank, m.collective, count(*) AS instances,
        avg(k.ts_ns - m.first_start_ns) AS mean_late_ns, max(k.ts_ns - m.first_start_ns) AS max_late_ns,
@@ -368,7 +404,7 @@ FROM keyed k JOIN multi m
 GROUP BY k.rank, m.collective
 ORDER BY k.rank, m.collective
 """
-    return store.sql(query, params)
+    return _local(query, {"run": run}, kernels=_kernels_table(store, run, ranks))
 
 
 def rank_compute(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
@@ -448,11 +484,12 @@ def comm_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Mayb
     if not has_comm:
         return Absent(NO_COMMUNICATION)
     multi = n_ranks >= 2
+    kernels = _kernels_table(store, run, ranks)
     return CommResult(
-        by_collective=collective_summary(store, run, ranks),
-        by_group_phase=group_phase_summary(store, run, ranks),
-        skew=skew_summary(store, run, ranks) if multi else Absent(_ONE_RANK),
-        arrivals=rank_arrivals(store, run, ranks) if multi else Absent(_ONE_RANK),
+        by_collective=_collective_summary(kernels),
+        by_group_phase=_group_phase_summary(kernels, _step_totals(store, run, ranks)),
+        skew=_skew_summary(kernels) if multi else Absent(_ONE_RANK),
+        arrivals=_rank_arrivals(kernels) if multi else Absent(_ONE_RANK),
         compute=rank_compute(store, run, ranks) if multi else Absent(_ONE_RANK),
         ranks=n_ranks,
     )
