@@ -35,8 +35,12 @@ def sweep_ctes(n_classes: int, *, iv: str = "iv", win: str = "win") -> str:
     inside a window, with the number of active intervals of each class. ``busy`` is true when
     any class is active.
 
-    Speed: the per-class counts travel packed in one HUGEINT (``CLASS_BITS`` bits per class), so
-    the time line needs a single running sum instead of one window aggregate per class.
+    Speed: the per-class counts travel packed in one HUGEINT (``CLASS_BITS`` bits per class),
+    and the window edges are points on the same time line carrying +1/-1 (inside a window) and
+    +step/-step (which window: windows are disjoint, so the running sum is the current step).
+    All ranks go through one sorted pass of running sums (DuckDB's streaming window, no
+    partitioning): every interval and window that opens on a rank closes on it, so the sums are
+    back to zero when the next rank starts, and ``s1`` is cut at rank changes.
     """
     if n_classes * CLASS_BITS > 120:
         raise ValueError(f"{n_classes} classes do not fit the packed counter")
@@ -46,27 +50,29 @@ def sweep_ctes(n_classes: int, *, iv: str = "iv", win: str = "win") -> str:
     )
     return f"""
 _pts AS (
-    SELECT rank, t0 AS t, (1::HUGEINT << ({CLASS_BITS} * cls)) AS d FROM {iv}
-    UNION ALL SELECT rank, t1, -(1::HUGEINT << ({CLASS_BITS} * cls)) FROM {iv}
-    UNION ALL SELECT rank, w0, 0::HUGEINT FROM {win}
-    UNION ALL SELECT rank, w1, 0::HUGEINT FROM {win}
+    SELECT rank, t0 AS t, (1::HUGEINT << ({CLASS_BITS} * cls)) AS d, 0 AS wd, 0::BIGINT AS sd FROM {iv}
+    UNION ALL SELECT rank, t1, -(1::HUGEINT << ({CLASS_BITS} * cls)), 0, 0 FROM {iv}
+    UNION ALL SELECT rank, w0, 0::HUGEINT, 1, step FROM {win}
+    UNION ALL SELECT rank, w1, 0::HUGEINT, -1, -step FROM {win}
 ),
-_deltas AS (SELECT rank, t, sum(d) AS d FROM _pts GROUP BY rank, t),
+_deltas AS (
+    SELECT rank, t, sum(d) AS d, sum(wd) AS wd, sum(sd) AS sd
+    FROM _pts GROUP BY rank, t ORDER BY rank, t
+),
 _seg AS (
-    SELECT rank, t AS s0, lead(t) OVER w AS s1, sum(d) OVER w AS packed
+    SELECT rank, t AS s0,
+        CASE WHEN lead(rank) OVER () = rank THEN lead(t) OVER () END AS s1,
+        sum(d) OVER (ROWS UNBOUNDED PRECEDING) AS packed,
+        sum(wd) OVER (ROWS UNBOUNDED PRECEDING) AS inwin,
+        sum(sd) OVER (ROWS UNBOUNDED PRECEDING) AS step
     FROM _deltas
-    WINDOW w AS (PARTITION BY rank ORDER BY t ROWS UNBOUNDED PRECEDING)
 ),
 _segflag AS (
-    SELECT rank, s0, s1, s1 - s0 AS len,
+    SELECT rank, step::BIGINT AS step, inwin, s0, s1, s1 - s0 AS len,
     {counts},
     packed <> 0 AS busy
     FROM _seg WHERE s1 IS NOT NULL
 ),
 seg AS MATERIALIZED (
-    SELECT f.*, w.step
-    FROM _segflag f
-    ASOF JOIN (SELECT rank, step, w0, w1 FROM {win} WHERE w1 > w0) w
-      ON f.rank = w.rank AND f.s0 >= w.w0
-    WHERE f.s0 < w.w1
+    SELECT * EXCLUDE (inwin) FROM _segflag WHERE inwin > 0
 )"""

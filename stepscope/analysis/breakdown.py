@@ -215,10 +215,19 @@ def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
          AND r.correlation = g.correlation AND r.kind IN ('cuda_runtime', 'cuda_driver')
         GROUP BY g.rank, g.t0
     ),
+    _prev_ord AS (SELECT rank, t0, t1 FROM gpu ORDER BY rank, t0, t1),
+    _prev_run AS (
+        -- (rank, end) packed as rank * 2^64 + end: one integer running max orders by rank first
+        SELECT rank, t0, max((rank::HUGEINT << 64) + t1) OVER (ROWS UNBOUNDED PRECEDING) AS upto
+        FROM _prev_ord
+    ),
     _prev AS (
-        SELECT rank, t0, max(t1) OVER (PARTITION BY rank ORDER BY t0, t1
-                                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-        FROM gpu
+        -- end of all earlier work on the rank: one sorted streaming pass over all ranks; the
+        -- packed maximum belongs to the current rank as soon as the rank has a row
+        SELECT rank, t0,
+            CASE WHEN (lag(upto) OVER ()) >> 64 = rank THEN ((lag(upto) OVER ()) & 18446744073709551615)::BIGINT END
+                AS prev_end
+        FROM _prev_run
     ),
     _gaps AS (
         SELECT DISTINCT rank, prev_end AS g0, t0 AS g1 FROM _prev WHERE prev_end IS NULL OR t0 > prev_end
