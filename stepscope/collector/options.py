@@ -15,7 +15,8 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 from stepscope.errors import UsageError
 
 RECORDING = frozenset({ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE})
-WARMING = frozenset({ProfilerAction.WARMUP})
+PROFILING = frozenset({ProfilerAction.WARMUP}) | RECORDING
+"""Actions during which the profiler runs (warming up or recording)."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from torch import nn
 from torch.profiler import ProfilerAction
 
 from stepscope.collector.handler import TraceHandler
-from stepscope.collector.options import RECORDING, WARMING, Recording, Schedule, profiler_kwargs
+from stepscope.collector.faults import FaultPolicy
+from stepscope.collector.options import PROFILING, RECORDING, Recording, Schedule, profiler_kwargs
 from stepscope.collector.step_timer import StepTimer
 from stepscope.collector.worker import DEFAULT_FLUSH_TIMEOUT_S
 
@@ -26,7 +27,16 @@ log = logging.getLogger("stepscope.collector")
 
 
 class Profile:
-    """What ``stepscope.profile(...)`` returns; call ``step()`` once per training step."""
+    """What ``stepscope.profile(...)`` returns; call ``step()`` once per training step.
+
+    Options: ``wait/warmup/active/repeat/skip_first`` are torch's schedule (``repeat >= 1``);
+    ``model``/``optimizer`` enable memory roles; ``record_shapes``, ``profile_memory`` (on by
+    default), ``with_stack``, ``with_flops``, ``with_modules`` are torch's flags;
+    ``memory_snapshot`` records a CUDA allocator snapshot per trace (CUDA only); ``tags`` are
+    user strings stored with the run; ``trace_dir`` also keeps the exported Kineto files;
+    ``convert`` is ``"process"`` (default) or ``"thread"``; ``flush_timeout_s`` bounds the wait
+    for pending writes at exit; ``strict=True`` raises ``CollectorError`` instead of warning.
+    """
 
     def __init__(
         self,
@@ -67,7 +77,8 @@ class Profile:
         self._torch: torch.profiler.profile | None = None
 
     @property
-    def policy(self):  # noqa: ANN201 - FaultPolicy, re-exported for callers that check ``dropped``
+    def policy(self) -> FaultPolicy:
+        """The fault policy (``policy.dropped`` counts what was dropped after a failure)."""
         return self.handler.policy
 
     @property
@@ -77,12 +88,13 @@ class Profile:
 
     @property
     def rank(self) -> int | None:
+        """This process's rank (None until profiling started)."""
         return self.handler.sink.rank if self.handler.sink is not None else None
 
     def __enter__(self) -> Profile:
         with self.policy.guard("starting the profiler"):
             sink = self.handler.open()
-            if self._actions(0) in WARMING | RECORDING:
+            if self._actions(0) in PROFILING:
                 self.handler.start_memory_history()
             prof = torch.profiler.profile(**profiler_kwargs(self.schedule, self.recording),
                                           on_trace_ready=self.handler)
@@ -96,22 +108,32 @@ class Profile:
         return self
 
     def step(self, tokens: int | None = None, samples: int | None = None) -> None:
-        """End the current training step (``tokens``/``samples`` it processed, for throughput)."""
+        """End the current training step (``tokens``/``samples`` it processed, for throughput).
+
+        Outside the profiled window this costs a clock read, a few appends and torch's own
+        ``step()``; once the bounded schedule is done, torch's profiler is closed and only the
+        step timer remains (about a microsecond).
+        """
         step = self.step_num
         action = self._actions(step)
-        self.timer.end_step(step, action in RECORDING, tokens, samples)
+        recording = action in RECORDING
+        self.timer.end_step(step, recording, tokens, samples)
         self.step_num = step + 1
-        if self._torch is None:
+        prof = self._torch
+        if prof is None:
             return
         try:
-            if action in RECORDING and self.handler.roles.enabled:
+            if recording and self.handler.roles.enabled:
                 self.handler.note_gradients(step)
-            if self._actions(step + 1) in WARMING | RECORDING and action not in WARMING | RECORDING:
+            if action not in PROFILING and self._actions(step + 1) in PROFILING:
                 self.handler.start_memory_history()
-            self._torch.step()
+            prof.step()
             if action is ProfilerAction.RECORD_AND_SAVE:
                 # The trace was just handed to the writer; the step times follow it in the queue.
                 self._submit_step_times()
+            if step >= self.schedule.last_step:
+                self._torch = None
+                prof.__exit__(None, None, None)
         except Exception as exc:  # noqa: BLE001 - never hurt the job
             self._give_up("a profiler step", exc)
 
