@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from stepscope.analysis._sql import rank_filter, sweep_ctes
+from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.absent import NO_COMMUNICATION, NO_GPU_EVENTS, NO_STEPS, Absent, Maybe, missing_rank
 from stepscope.analysis.sections import SQLStore
 
@@ -120,6 +121,7 @@ def _run(store: SQLStore, query: str, run: str, extra: dict[str, object]) -> pa.
     return store.sql(query, {"run": run, **extra})
 
 
+@cached_frame("rank_status")
 def rank_status(store: SQLStore, run: str) -> pa.Table:
     """One row per rank of ``run``: ``rank, sources, steps, gpu_events`` (true counts).
 
@@ -177,6 +179,7 @@ STEP_BREAKDOWN_COLUMNS: tuple[str, ...] = (
 """The disjoint parts of a step: they sum to ``dur_ns`` exactly."""
 
 
+@cached_frame("step_breakdown")
 def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
     """GPU time of every step of every rank with GPU events, split into disjoint parts.
 
@@ -271,6 +274,7 @@ def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
     return table
 
 
+@cached_frame("step_windows")
 def step_windows(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """The step windows alone: ``run, rank, step, cpu_start_ns, cpu_end_ns, gpu_end_ns,
     start_ns, end_ns, dur_ns`` (``gpu_end_ns`` null when the step launched no GPU work)."""
@@ -294,6 +298,7 @@ HOST_BREAKDOWN_COLUMNS: tuple[str, ...] = (
 """The disjoint host-side parts of a step: they sum to ``dur_ns`` exactly."""
 
 
+@cached_frame("host_breakdown")
 def host_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
     """Host (CPU) time of every step, split into disjoint parts over all the rank's threads.
 
@@ -344,6 +349,7 @@ def host_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
     return table
 
 
+@cached_frame("rank_totals")
 def rank_totals(
     store: SQLStore, run: str, ranks: Sequence[int] | None = None, *, hta_scope: bool = False
 ) -> pa.Table:

@@ -11,9 +11,11 @@ import pyarrow as pa
 
 from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.breakdown import GPU_KINDS_SQL, gpu_cte, window_ctes
+from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.sections import SQLStore
 
 
+@cached_frame("top_kernels")
 def top_kernels(store: SQLStore, run: str, n: int = 20, ranks: Sequence[int] | None = None) -> pa.Table:
     """The ``n`` GPU activities (kernels, copies, memsets; grouped by name) with the most total
     time, per rank.
@@ -53,6 +55,7 @@ def top_kernels(store: SQLStore, run: str, n: int = 20, ranks: Sequence[int] | N
     return store.sql(query, {"run": run, "n": int(n), **extra})
 
 
+@cached_frame("top_cpu_ops")
 def top_cpu_ops(store: SQLStore, run: str, n: int = 20, ranks: Sequence[int] | None = None) -> pa.Table:
     """The ``n`` CPU operators (``cpu_op`` events, grouped by name) with the most total time.
 
@@ -87,6 +90,7 @@ def top_cpu_ops(store: SQLStore, run: str, n: int = 20, ranks: Sequence[int] | N
     return store.sql(query, {"run": run, "n": int(n), **extra})
 
 
+@cached_frame("launch_overhead")
 def launch_overhead(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """Host launch cost against the GPU work it launches, per rank (ranks with GPU work only).
 
@@ -122,6 +126,7 @@ def launch_overhead(store: SQLStore, run: str, ranks: Sequence[int] | None = Non
     return store.sql(query, {"run": run, **extra})
 
 
+@cached_frame("step_stats")
 def step_stats(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """Step-time statistics per rank, from each source of step times the run has.
 

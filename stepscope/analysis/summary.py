@@ -101,15 +101,14 @@ def ranks_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Ran
     """Per rank: every step's GPU and host breakdown, whole-trace totals (HTA definitions) and
     step-time statistics."""
     status = rank_status(store, run)
-    wanted = _present_ranks(status, ranks)
     return RanksResult(
-        ranks=tuple(wanted),
+        ranks=tuple(_present_ranks(status, ranks)),
         status=status,
-        breakdown=step_breakdown(store, run, wanted),
-        host=host_breakdown(store, run, wanted),
-        totals=rank_totals(store, run, wanted),
-        totals_hta=rank_totals(store, run, wanted, hta_scope=True),
-        stats=step_stats(store, run, wanted),
+        breakdown=step_breakdown(store, run, ranks),
+        host=host_breakdown(store, run, ranks),
+        totals=rank_totals(store, run, ranks),
+        totals_hta=rank_totals(store, run, ranks, hta_scope=True),
+        stats=step_stats(store, run, ranks),
     )
 
 

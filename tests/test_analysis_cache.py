@@ -1,0 +1,52 @@
+"""The per-run frame cache: same numbers as a fresh computation, invalidated by new traces."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from stepscope.analysis.breakdown import step_breakdown
+from stepscope.analysis.cache import CACHE_ENV
+from stepscope.store import open_store
+from stepscope.store.ingest import ingest_paths
+
+pytestmark = pytest.mark.shared
+
+NCCL = "hta/nccl_parser_config/nccl_data.json.gz"
+
+
+def test_cached_frame_equals_fresh_and_follows_the_runs_sources(
+    tmp_path: Path, shared_traces: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "store"
+    assert ingest_paths([shared_traces / NCCL], root, "r").ok
+    first = step_breakdown(open_store(root), "r")
+    files = list((root / "cache" / "step_breakdown" / "run=r").glob("*.parquet"))
+    assert len(files) == 1
+    assert step_breakdown(open_store(root), "r").equals(first)  # read back from the file
+    monkeypatch.setenv(CACHE_ENV, "1")
+    assert step_breakdown(open_store(root), "r").equals(first)  # computed afresh
+    monkeypatch.delenv(CACHE_ENV)
+    # A second rank joins the run: the cached frame must not be served any more.
+    assert ingest_paths([shared_traces / "hta/trace_filter/sampled_rank-1.json.gz"], root, "r").ok
+    both = step_breakdown(open_store(root), "r")
+    assert sorted(set(both.column("rank").to_pylist())) == [0, 1]
+    files = list((root / "cache" / "step_breakdown" / "run=r").glob("*.parquet"))
+    assert len(files) == 1  # the stale file is gone
+
+
+def test_a_subset_of_ranks_is_not_cached(tmp_path: Path, shared_traces: Path) -> None:
+    root = tmp_path / "store"
+    assert ingest_paths([shared_traces / NCCL], root, "r").ok
+    step_breakdown(open_store(root), "r", ranks=[0])
+    assert not (root / "cache").exists()
+
+
+def test_unwritable_cache_still_answers(tmp_path: Path, shared_traces: Path) -> None:
+    root = tmp_path / "store"
+    assert ingest_paths([shared_traces / NCCL], root, "r").ok
+    (root / "cache").write_text("not a folder")  # makes every cache write fail
+    assert step_breakdown(open_store(root), "r").num_rows == 3
