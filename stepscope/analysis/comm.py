@@ -27,12 +27,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from stepscope.analysis.absent import NO_COMMUNICATION, Absent, Maybe
 from stepscope.analysis.findings import Finding, Results, Severity, rule
+from stepscope.analysis._local import local_sql
 from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.overlap import hidden_ctes
 from stepscope.analysis.phase import gpu_phase_ctes
@@ -152,25 +152,13 @@ def _kernels_table(store: SQLStore, run: str, ranks: Sequence[int] | None) -> pa
     return store.sql(f"WITH {_kernels_ctes(ranks_sql)} SELECT * EXCLUDE (source, correlation) FROM kernels", params)
 
 
-def _local(query: str, params: dict[str, object] | None = None, **tables: pa.Table) -> pa.Table:
-    """Run ``query`` in DuckDB over Arrow tables already fetched (a few rows per collective)."""
-    con = duckdb.connect(":memory:")
-    try:
-        con.execute("SET threads TO 2")
-        for name, table in tables.items():
-            con.register(name, table)
-        return con.sql(query, params=params).to_arrow_table()
-    finally:
-        con.close()
-
-
 def collective_kernels(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """One row per communication kernel: size, time, hidden/exposed time, phase, algbw/busbw."""
     return _kernel_frame(_kernels_table(store, run, ranks))
 
 
 def _kernel_frame(kernels: pa.Table) -> pa.Table:
-    return _local(f"""
+    return local_sql(f"""
 SELECT run, rank, step, phase, collective, pg_name, pg_desc, pg_ranks, group_size, comm_seq,
        ts_ns, dur_ns, hidden_ns, exposed_ns, bytes, dtype, stream, name, host_side,
        bytes / nullif(dur_ns, 0) AS algbw_gbps,
@@ -207,7 +195,7 @@ FROM kernels
 GROUP BY ALL
 ORDER BY rank, collective, size_bucket_min_bytes NULLS FIRST
 """
-    return _local(query, kernels=kernels)
+    return local_sql(query, kernels=kernels)
 
 
 def group_phase_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
@@ -242,7 +230,7 @@ FROM kernels k LEFT JOIN step_total s ON s.run = k.run AND s.rank = k.rank
 GROUP BY ALL
 ORDER BY k.rank, exposed_ns DESC
 """
-    return _local(query, kernels=kernels, step_total=step_total)
+    return local_sql(query, kernels=kernels, step_total=step_total)
 
 
 _INSTANCES_CTES = """
@@ -310,7 +298,7 @@ SELECT run, step, pg_name, pg_desc, matched_by, match_seq, collective, collectiv
 FROM inst
 ORDER BY first_start_ns
 """
-    return _local(query, kernels=_kernels_table(store, run, ranks))
+    return local_sql(query, kernels=_kernels_table(store, run, ranks))
 
 
 def rank_arrivals(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
@@ -357,7 +345,7 @@ SELECT (SELECT any_value(run) FROM kernels) AS run, s.rank, s.instances, s.last_
 FROM seen s
 ORDER BY s.rank
 """
-    return _local(query, kernels=kernels)
+    return local_sql(query, kernels=kernels)
 
 
 def skew_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
@@ -380,7 +368,7 @@ FROM inst WHERE {_MULTI}
 GROUP BY pg_name, collective
 ORDER BY pg_name, collective
 """
-    return _local(query, kernels=kernels)
+    return local_sql(query, kernels=kernels)
 
 
 def arrival_skew(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
@@ -404,7 +392,7 @@ FROM keyed k JOIN multi m
 GROUP BY k.rank, m.collective
 ORDER BY k.rank, m.collective
 """
-    return _local(query, {"run": run}, kernels=_kernels_table(store, run, ranks))
+    return local_sql(query, {"run": run}, kernels=_kernels_table(store, run, ranks))
 
 
 def rank_compute(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from stepscope.analysis._local import local_sql
 from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.findings import Finding, Results, Severity, rule
@@ -91,11 +92,16 @@ def _params(run: str, ranks: Sequence[int] | None, column: str = "e.rank") -> tu
     return predicate, {"run": run, **params}
 
 
+def _copies_table(store: SQLStore, run: str, ranks: Sequence[int] | None) -> pa.Table:
+    """Every copy of the run with its hidden time and host link: the one query over the store's
+    events (the sweep is its cost), which the frames below aggregate."""
+    ranks_sql, params = _params(run, ranks)
+    return store.sql(f"WITH {_copies_ctes(ranks_sql)} SELECT * EXCLUDE (source) FROM copies", params)
+
+
 def copy_events(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """One row per copy: direction, host memory, bytes, time, hidden/exposed, bandwidth vs peak."""
-    ranks_sql, params = _params(run, ranks)
-    query = f"""
-WITH {_copies_ctes(ranks_sql)}
+    return local_sql("""
 SELECT run, rank, step, direction, host_memory, ts_ns, dur_ns, hidden_ns, exposed_ns, bytes,
        bytes / nullif(dur_ns, 0) AS bandwidth_gbps, link, peak_gbps,
        100.0 * bytes / nullif(dur_ns, 0) / peak_gbps AS pct_of_peak,
@@ -103,8 +109,18 @@ SELECT run, rank, step, direction, host_memory, ts_ns, dur_ns, hidden_ns, expose
        stream, name
 FROM copies
 ORDER BY rank, ts_ns
-"""
-    return store.sql(query, params)
+""", copies=_copies_table(store, run, ranks))
+
+
+def _step_durations(store: SQLStore, run: str, ranks: Sequence[int] | None) -> pa.Table:
+    """``(rank, step, steps_ns)``: each ProfilerStep CPU window, plus a null-step row per rank
+    holding the sum of its windows."""
+    ranks_sql, params = _params(run, ranks, "rank")
+    return store.sql(f"""
+SELECT rank, step, sum(dur_ns)::BIGINT AS steps_ns FROM steps WHERE run = $run AND {ranks_sql} GROUP BY rank, step
+UNION ALL
+SELECT rank, NULL, sum(dur_ns)::BIGINT FROM steps WHERE run = $run AND {ranks_sql} GROUP BY rank
+""", params)
 
 
 def copy_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None,
@@ -118,18 +134,14 @@ def copy_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None,
     ``exposed_pct_of_steps`` relates the exposed time to the step's ``ProfilerStep`` CPU window
     (to the sum of the rank's windows for the totals).
     """
-    ranks_sql, params = _params(run, ranks)
-    steps_ranks_sql, _ = _params(run, ranks, "rank")
+    return _copy_summary(_copies_table(store, run, ranks), _step_durations(store, run, ranks), per_step)
+
+
+def _copy_summary(copies: pa.Table, step_dur: pa.Table, per_step: bool) -> pa.Table:
     step_col = "step" if per_step else "NULL::BIGINT AS step"
     step_join = "s.step = g.step" if per_step else "s.step IS NULL"
     query = f"""
-WITH {_copies_ctes(ranks_sql)},
-bw AS (SELECT *, bytes / nullif(dur_ns, 0) AS bandwidth_gbps FROM copies),
-step_dur AS (
-  SELECT rank, step, sum(dur_ns) AS steps_ns FROM steps WHERE run = $run AND {steps_ranks_sql} GROUP BY rank, step
-  UNION ALL
-  SELECT rank, NULL, sum(dur_ns) FROM steps WHERE run = $run AND {steps_ranks_sql} GROUP BY rank
-),
+WITH bw AS (SELECT *, bytes / nullif(dur_ns, 0) AS bandwidth_gbps FROM copies),
 g AS (
   SELECT run, rank, {step_col}, direction, host_memory, count(*) AS count, sum(bytes)::BIGINT AS bytes,
          sum(dur_ns)::BIGINT AS dur_ns, sum(hidden_ns)::BIGINT AS hidden_ns,
@@ -155,7 +167,7 @@ SELECT g.* EXCLUDE (peak_absent_reason),
 FROM g LEFT JOIN step_dur s ON s.rank = g.rank AND {step_join}
 ORDER BY g.rank, g.step NULLS LAST, g.direction, g.host_memory
 """
-    return store.sql(query, params)
+    return local_sql(query, copies=copies, step_dur=step_dur)
 
 
 @dataclass(frozen=True)
@@ -173,10 +185,12 @@ class CopiesResult:
 def copies_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe[CopiesResult]:
     """Host<->device and device copies: bytes, time, bandwidth against the link's peak,
     pinned vs pageable, and how much of the copy time compute hides."""
-    totals = copy_summary(store, run, ranks, per_step=False)
-    if totals.num_rows == 0:
+    copies = _copies_table(store, run, ranks)
+    if copies.num_rows == 0:
         return Absent(NO_COPIES)
-    return CopiesResult(totals=totals, per_step=copy_summary(store, run, ranks))
+    step_dur = _step_durations(store, run, ranks)
+    return CopiesResult(totals=_copy_summary(copies, step_dur, per_step=False),
+                        per_step=_copy_summary(copies, step_dur, per_step=True))
 
 
 PAGEABLE_MIN_BYTES = 16 * 1024**2
