@@ -1,0 +1,174 @@
+"""Analysis speed: `stepscope summary` against HTA, and a 64-rank run.
+
+Usage: ``/work/venv/bin/python benchmarks/bench_analysis.py [--traces DIR] [--repeat N]``
+
+Every measurement runs in a fresh process (benchmarks/_measure.py); the tables print wall and
+CPU time, because on a shared machine wall times swing with other people's load.
+
+1. **Loaded data** (issue target: ours >= 2x faster). HTA: ``TraceAnalysis(trace_files=...)``
+   loads ``hta/df_index_resolver`` (not timed), then ``get_temporal_breakdown`` +
+   ``get_comm_comp_overlap`` are timed. Ours: the store is already ingested and opened (not
+   timed); timed are (a) ``rank_totals`` (default and HTA scope: the same figures as HTA's two
+   calls) and (b) the whole ``build_summary`` (breakdown per step, host, totals, kernels,
+   communication, copies, memory, findings): the cold computation, with the frame cache
+   disabled (``STEPSCOPE_NO_CACHE=1``), and (c) the same read back from the per-run cache.
+2. **Trace to answer** (target >= 10x): HTA: one process that loads the trace and makes both
+   calls. Ours: ``stepscope ingest`` then ``stepscope summary --format json`` (two processes,
+   interpreter start-up included).
+3. **Scaled** (target < 2 s): 64 ranks made from the real ``df_index_resolver`` rank by copying
+   its store partitions 64 times with every timestamp shifted by k * 7 us (benchmarks/_scale.py;
+   13.8 M events). Timed: ``stepscope summary --format json`` cold (cache off) and warm (frames
+   cached by a previous summary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _measure import (  # noqa: E402
+    Measurement,
+    format_table,
+    median_measurement,
+    run_process,
+    run_snippet,
+    shared_traces_dir,
+    verdict,
+)
+
+TRACE = "hta/df_index_resolver/df_index_resolver.json.gz"
+RANK = 1
+SCALED_RANKS = 64
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _repeat(n: int, measure) -> Measurement:
+    return median_measurement([measure() for _ in range(n)])
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def _row(m: Measurement, seconds: float | None = None) -> list[object]:
+    return [m.label, f"{(seconds if seconds is not None else m.work_s or m.wall_s):.3f}",
+            None if m.work_cpu_s is None and m.cpu_s is None else f"{(m.work_cpu_s or m.cpu_s):.3f}",
+            f"{m.peak_rss_bytes / 2**20:.0f}"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", help="shared traces folder (default ../shared/traces)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--skip-scaled", action="store_true")
+    args = parser.parse_args()
+    traces = shared_traces_dir(args.traces)
+    if traces is None:
+        print("no shared traces folder: nothing to measure")
+        return 0
+    trace = traces / TRACE
+    from tests.hta_runner import find_hta_python
+
+    hta_python = find_hta_python()
+    work = Path(tempfile.mkdtemp(prefix="stepscope-bench-analysis-"))
+    try:
+        store = work / "store"
+        run_process([sys.executable, "-m", "stepscope.cli", "ingest", str(trace), "--store", str(store),
+                     "--run", "dfir"], label="ingest", env=_env())
+        rows: list[list[object]] = []
+        open_store = f"from stepscope.store import open_store\ns = open_store({str(store)!r})\n"
+        totals = _repeat(args.repeat, lambda: run_snippet(
+            open_store + "from stepscope.analysis.breakdown import rank_totals",
+            "rank_totals(s, 'dfir'); RESULT = rank_totals(s, 'dfir', hta_scope=True).num_rows",
+            label="ours: rank_totals (both scopes)", env=_env(STEPSCOPE_NO_CACHE="1")))
+        summary_cold = _repeat(args.repeat, lambda: run_snippet(
+            open_store + "from stepscope.analysis.summary import build_summary",
+            "RESULT = len(build_summary(s, 'dfir')['ranks'])",
+            label="ours: build_summary, cold", env=_env(STEPSCOPE_NO_CACHE="1")))
+        run_snippet(open_store + "from stepscope.analysis.summary import build_summary",
+                    "build_summary(s, 'dfir')", label="fill cache", env=_env())
+        summary_warm = _repeat(args.repeat, lambda: run_snippet(
+            open_store + "from stepscope.analysis.summary import build_summary",
+            "RESULT = len(build_summary(s, 'dfir')['ranks'])",
+            label="ours: build_summary, cached frames", env=_env()))
+        rows += [_row(totals), _row(summary_cold), _row(summary_warm)]
+        hta_loaded = hta_e2e = None
+        if hta_python is not None:
+            hta_setup = (
+                "import logging; logging.disable(logging.WARNING)\n"
+                "from hta.trace_analysis import TraceAnalysis\n"
+                f"a = TraceAnalysis(trace_files={{{RANK}: {str(trace)!r}}})\n"
+            )
+            hta_work = ("t = a.get_temporal_breakdown(visualize=False)\n"
+                        "o = a.get_comm_comp_overlap(visualize=False)\nRESULT = len(t)")
+            hta_loaded = _repeat(args.repeat, lambda: run_snippet(
+                hta_setup, hta_work, label="HTA: temporal breakdown + comm/comp overlap", python=hta_python))
+            hta_e2e = _repeat(args.repeat, lambda: run_process(
+                [str(hta_python), "-c", hta_setup + hta_work], label="HTA: trace to answer (one process)"))
+            rows.append(_row(hta_loaded))
+        print(f"\n1. Loaded data: {TRACE} (rank {RANK}, 216k events), median of {args.repeat}")
+        print(format_table(["what (work only, after load)", "wall s", "cpu s", "peak MB"], rows))
+
+        ingest_store = work / "e2e"
+
+        def ours_e2e() -> Measurement:
+            shutil.rmtree(ingest_store, ignore_errors=True)
+            a = run_process([sys.executable, "-m", "stepscope.cli", "ingest", str(trace), "--store",
+                             str(ingest_store), "--run", "dfir"], label="ingest", env=_env())
+            b = run_process([sys.executable, "-m", "stepscope.cli", "summary", "--store", str(ingest_store),
+                             "--format", "json"], label="summary", env=_env())
+            return Measurement(label="ours: stepscope ingest + stepscope summary", wall_s=a.wall_s + b.wall_s,
+                               peak_rss_bytes=max(a.peak_rss_bytes, b.peak_rss_bytes),
+                               cpu_s=(a.cpu_s or 0) + (b.cpu_s or 0))
+
+        ours = _repeat(args.repeat, ours_e2e)
+        e2e_rows = [_row(ours, ours.wall_s)]
+        if hta_e2e is not None:
+            e2e_rows.append(_row(hta_e2e, hta_e2e.wall_s))
+        print(f"\n2. Trace file to answer (whole processes), median of {args.repeat}")
+        print(format_table(["what", "wall s", "cpu s", "peak MB"], e2e_rows))
+
+        print()
+        if hta_loaded is not None and hta_e2e is not None:
+            print(verdict("loaded data, HTA / ours (rank_totals = HTA's two figures)",
+                          hta_loaded.work_s / totals.work_s, 2, at_least=True))
+            print(verdict("loaded data, HTA / ours (whole summary, cold)",
+                          hta_loaded.work_s / summary_cold.work_s, 2, at_least=True))
+            print(verdict("trace to answer, HTA / ours", hta_e2e.wall_s / ours.wall_s, 10, at_least=True))
+        else:
+            print("HTA not found (set STEPSCOPE_HTA_PYTHON): no ratios")
+
+        if not args.skip_scaled:
+            from _scale import scale_rank
+
+            scaled = work / "scaled"
+            scale_rank(store, "dfir", RANK, scaled, "x64", SCALED_RANKS)
+            argv = [sys.executable, "-m", "stepscope.cli", "summary", "--store", str(scaled), "--format", "json"]
+            cold = run_process(argv, label="64 ranks: stepscope summary, cold (cache off)",
+                               env=_env(STEPSCOPE_NO_CACHE="1"), timeout_s=3600)
+            run_process(argv, label="fill cache", env=_env(), timeout_s=3600)
+            warm = _repeat(args.repeat, lambda: run_process(
+                argv, label="64 ranks: stepscope summary, cached frames", env=_env()))
+            print(f"\n3. Scaled: {SCALED_RANKS} ranks = copies of the real rank {RANK} of {TRACE}, "
+                  "timestamps shifted by k * 7 us (13.8 M events)")
+            print(format_table(["what (whole process)", "wall s", "cpu s", "peak MB"],
+                               [_row(cold, cold.wall_s), _row(warm, warm.wall_s)]))
+            print(verdict("64 ranks, cold", cold.wall_s, 2, at_least=False, unit=" s"))
+            print(verdict("64 ranks, cached frames", warm.wall_s, 2, at_least=False, unit=" s"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
