@@ -63,3 +63,23 @@ def element_count(input_dims: list[Any]) -> int:
             count *= dim
         total += count
     return total
+
+
+def agree_in_group(rank: int, world_size: int, port: int, results: Any) -> None:
+    """``mp.spawn`` body: join a gloo group where every rank would name the run differently,
+    and report the name ``agree_run_name(None)`` settles on."""
+    import os
+
+    import torch.distributed as dist
+
+    from stepscope.collector import distributed
+
+    os.environ.pop("TORCHELASTIC_RUN_ID", None)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        distributed.default_run_name = lambda: f"named-by-rank-{rank}"
+        results.put((rank, distributed.agree_run_name(None), distributed.agree_run_name("given")))
+    finally:
+        dist.destroy_process_group()

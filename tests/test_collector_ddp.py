@@ -180,3 +180,16 @@ def test_torchrun_ranks_write_one_run(tmp_path: Path) -> None:
         {"run": "via-torchrun", "ranks": 2, "world_size": 2, "backend": "gloo"}]
     assert opened.sql("SELECT rank, count(*) AS n FROM step_times GROUP BY rank ORDER BY rank"
                       ).to_pylist() == [{"rank": 0, "n": 5}, {"rank": 1, "n": 5}]
+
+
+def test_unnamed_run_takes_rank_zeros_name() -> None:
+    import torch.multiprocessing as mp
+    import train_ddp_cpu
+
+    from tests.collector_support import agree_in_group
+
+    context = mp.get_context("spawn")
+    results = context.SimpleQueue()
+    mp.spawn(agree_in_group, args=(2, train_ddp_cpu.free_port(), results), nprocs=2, join=True)
+    got = sorted(results.get() for _ in range(2))
+    assert got == [(0, "named-by-rank-0", "given"), (1, "named-by-rank-0", "given")]

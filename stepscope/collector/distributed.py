@@ -1,9 +1,9 @@
 """Who this process is in a distributed job, and the run name every rank agrees on.
 
 Every rank writes its own partition of one run, so all ranks must use the same run name with no
-coordination beyond what the job already has: the process group (rank 0's name is broadcast over
-it, one small collective when profiling starts) or, before a process group exists, the launcher's
-environment (``TORCHELASTIC_RUN_ID`` from torchrun, ``RANK``/``WORLD_SIZE``).
+coordination beyond what the job already has: the name the user gave, the launcher's
+environment (``TORCHELASTIC_RUN_ID`` from torchrun, ``RANK``/``WORLD_SIZE``), or the process
+group (rank 0's generated name broadcast over it, one small collective when profiling starts).
 """
 
 from __future__ import annotations
@@ -50,13 +50,20 @@ def default_run_name() -> str:
 
 
 def agree_run_name(name: str | None) -> str:
-    """The run name all ranks use: rank 0's, broadcast over the default process group.
+    """The run name all ranks use, with as little coordination as possible.
 
-    Without a process group (single process, or profiling started before
-    ``init_process_group``) the local name is used, which is what the launcher-derived default is
-    for. Must be called by every rank at the same point, like any collective.
+    A given ``name`` is used as is: every rank was handed the same one, so nothing needs to be
+    exchanged (and no collective can hang on a misconfigured device). Without a name, torchrun's
+    ``TORCHELASTIC_RUN_ID`` names the run when there is one; otherwise rank 0's generated name is
+    broadcast over the default process group, which every rank must then reach at the same point,
+    like any collective.
     """
-    local = name if name is not None else default_run_name()
+    if name is not None:
+        return name
+    local = default_run_name()
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
+    if elastic and elastic != "none":
+        return local
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return local
     box: list[object] = [local]
