@@ -188,3 +188,30 @@ def test_real_snapshot_to_table(shared_traces: Path) -> None:
     assert all(t["ts_ns"] % 1000 == 0 and t["ts_ns"] > 1.7e18 for t in traces)
     assert json.loads(traces[0]["frames"])[0][2] == "forward"
 
+
+
+def test_writer_never_blocks_training_and_bounds_the_exit_wait(caplog: pytest.LogCaptureFixture) -> None:
+    """A stuck write: later submissions are dropped (not waited for) once the queue is full, and
+    closing gives up after its bounded wait instead of hanging the job's exit."""
+    import threading
+
+    from stepscope.collector.faults import FaultPolicy
+    from stepscope.collector.worker import BackgroundWriter
+
+    release = threading.Event()
+    started = threading.Event()
+    policy = FaultPolicy()
+    writer = BackgroundWriter(policy, max_pending=1)
+
+    def stuck() -> None:
+        started.set()
+        release.wait()
+
+    assert writer.submit("stuck write", stuck)
+    assert started.wait(timeout=30)
+    assert writer.submit("queued write", lambda: None)  # fills the one free slot
+    assert not writer.submit("one write too many", lambda: None)
+    assert policy.dropped == 1
+    assert writer.close(timeout_s=0.05) is False
+    assert any("abandoned" in r.getMessage() for r in caplog.records)
+    release.set()
