@@ -55,11 +55,12 @@ class NoProfiler:
 
 def session(mode: str, schedule: Schedule, steps: int, store: Path, index: int,
             model: Any, optimizer: Any, cfg: ToyConfig, data: torch.Generator
-            ) -> tuple[list[float], list[float]]:
+            ) -> dict[str, list[float]]:
     """One profiled (or not) stretch of ``steps`` training steps.
 
-    Returns each step's seconds and, separately, the seconds spent in ``prof.step()`` itself
-    (the hook's own cost, which load on a shared machine does not blur as much).
+    Returns per-step series in seconds: ``wall`` (the targets' measure), ``cpu`` (CPU time of
+    the training thread: blind to waiting for the GIL, but not blurred by other processes on a
+    shared machine) and ``hook`` (wall time inside ``prof.step()`` alone).
     """
     manager: AbstractContextManager[Any]
     if mode == "a":
@@ -70,18 +71,19 @@ def session(mode: str, schedule: Schedule, steps: int, store: Path, index: int,
         manager = stepscope.profile(store=store, run=f"bench-{index}", wait=schedule.wait,
                                     warmup=schedule.warmup, active=schedule.active, repeat=1,
                                     record_shapes=True, profile_memory=True, strict=True)
-    times, hooks = [], []
+    series: dict[str, list[float]] = {"wall": [], "cpu": [], "hook": []}
     with manager as prof:
         for _ in range(steps):
             batch = synthetic_batch(cfg, data)
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.thread_time()
             train_step(model, optimizer, batch)
             hook = time.perf_counter()
             prof.step()
-            end = time.perf_counter()
-            times.append(end - start)
-            hooks.append(end - hook)
-    return times, hooks
+            end, cpu_end = time.perf_counter(), time.thread_time()
+            series["wall"].append(end - start)
+            series["cpu"].append(cpu_end - cpu_start)
+            series["hook"].append(end - hook)
+    return series
 
 
 def ratio_line(name: str, num: list[float], den: list[float], target: float | None) -> str:
@@ -116,8 +118,7 @@ def main() -> None:
     after = [s for s in outside if s > window[-1]]
 
     rng = random.Random(args.seed)
-    per_mode: dict[str, list[list[float]]] = {"a": [], "b": [], "c": []}
-    hook_time: dict[str, list[list[float]]] = {"a": [], "b": [], "c": []}
+    runs: dict[str, list[dict[str, list[float]]]] = {"a": [], "b": [], "c": []}
     with tempfile.TemporaryDirectory(prefix="bench-collector-") as tmp:
         store = Path(tmp) / "store"
         for _ in range(WARMUP_STEPS // steps + 1):  # warm the process, the profiler and the writer
@@ -127,45 +128,49 @@ def main() -> None:
             modes = list("abc")
             rng.shuffle(modes)
             for mode in modes:
-                times, hooks = session(mode, schedule, steps, store, index, model, optimizer,
-                                       cfg, data)
-                per_mode[mode].append(times)
-                hook_time[mode].append(hooks)
+                runs[mode].append(session(mode, schedule, steps, store, index, model, optimizer,
+                                          cfg, data))
 
-    def pick(mode: str, which: list[int]) -> list[float]:
-        return [run[s] for run in per_mode[mode] for s in which]
+    def pick(mode: str, which: list[int], measure: str = "wall") -> list[float]:
+        return [run[measure][s] for run in runs[mode] for s in which]
 
     print(f"torch {torch.__version__}, 1 thread, {args.rounds} rounds x {steps} steps per mode; "
           f"schedule wait={args.wait} warmup={args.warmup} active={args.active}, "
           f"{args.after} steps after the window\n")
-    print(f"{'median step time (ms)':<28} {'(a) none':>10} {'(b) torch':>10} {'(c) stepscope':>14}")
     groups: list[tuple[str, list[int]]] = [("active steps", active), ("outside the window", outside),
                                            ("  before the window", before),
                                            ("  after the window", after)]
-    for label, which in groups:
-        row = [statistics.median(pick(m, which)) * 1e3 for m in "abc"]
-        print(f"{label:<28} {row[0]:10.3f} {row[1]:10.3f} {row[2]:14.3f}")
-    print()
-    print(ratio_line("(c)/(b) active steps", pick("c", active), pick("b", active), ACTIVE_TARGET))
-    print(ratio_line("(c)/(a) outside the active window", pick("c", outside), pick("a", outside),
-                     OUTSIDE_TARGET))
-    print(ratio_line("  (c)/(a) before the window", pick("c", before), pick("a", before), None))
-    print(ratio_line("  (c)/(a) after the window (trace being written)", pick("c", after),
-                     pick("a", after), None))
-    print(ratio_line("(b)/(a) active steps (torch.profiler's own cost)", pick("b", active),
-                     pick("a", active), None))
-    first_after = [after[0]]
-    print(ratio_line("(c)/(a) first step after the window", pick("c", first_after),
-                     pick("a", first_after), None))
-    print(ratio_line("(b)/(a) first step after the window", pick("b", first_after),
-                     pick("a", first_after), None))
-    hooks_c = [run[s] for run in hook_time["c"] for s in outside]
-    hooks_b = [run[s] for run in hook_time["b"] for s in outside]
-    step_a = statistics.median(pick("a", outside))
-    print(f"\nprof.step() itself outside the window, median: stepscope "
-          f"{statistics.median(hooks_c) * 1e6:.1f} us, torch.profiler "
-          f"{statistics.median(hooks_b) * 1e6:.1f} us; stepscope's is "
-          f"{statistics.median(hooks_c) / step_a:.4%} of a step of (a)")
+    for measure in ("wall", "cpu"):
+        print(f"{'median step ' + measure + ' time (ms)':<28} {'(a) none':>10} {'(b) torch':>10} "
+              f"{'(c) stepscope':>14}")
+        for label, which in groups:
+            row = [statistics.median(pick(m, which, measure)) * 1e3 for m in "abc"]
+            print(f"{label:<28} {row[0]:10.3f} {row[1]:10.3f} {row[2]:14.3f}")
+        print()
+    for measure in ("wall", "cpu"):
+        print(f"ratios of median {measure} time" + (" (the targets)" if measure == "wall" else
+              " of the training thread (robust to other processes, blind to GIL waits)"))
+        targets = measure == "wall"
+        print(ratio_line("(c)/(b) active steps", pick("c", active, measure),
+                         pick("b", active, measure), ACTIVE_TARGET if targets else None))
+        print(ratio_line("(c)/(a) outside the active window", pick("c", outside, measure),
+                         pick("a", outside, measure), OUTSIDE_TARGET if targets else None))
+        print(ratio_line("  (c)/(a) before the window", pick("c", before, measure),
+                         pick("a", before, measure), None))
+        print(ratio_line("  (c)/(a) after the window (trace being written)",
+                         pick("c", after, measure), pick("a", after, measure), None))
+        print(ratio_line("(b)/(a) active steps (torch.profiler's own cost)",
+                         pick("b", active, measure), pick("a", active, measure), None))
+        print(ratio_line("(c)/(a) first step after the window", pick("c", after[:1], measure),
+                         pick("a", after[:1], measure), None))
+        print(ratio_line("(b)/(a) first step after the window", pick("b", after[:1], measure),
+                         pick("a", after[:1], measure), None))
+        print()
+    hooks_c = statistics.median(pick("c", outside, "hook"))
+    hooks_b = statistics.median(pick("b", outside, "hook"))
+    print(f"prof.step() itself outside the window, median: stepscope {hooks_c * 1e6:.1f} us, "
+          f"torch.profiler {hooks_b * 1e6:.1f} us; stepscope's is "
+          f"{hooks_c / statistics.median(pick('a', outside)):.4%} of a step of (a)")
 
 
 if __name__ == "__main__":
