@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -30,7 +31,8 @@ from stepscope.store.schema import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
-_CODE_FILES = ("_sql.py", "breakdown.py", "kernels.py", "cache.py")
+_CODE_FILES = ("_sql.py", "breakdown.py", "kernels.py", "cache.py",
+               "_local.py", "overlap.py", "phase.py", "comm.py", "copies.py", "memory.py")
 _CODE_HASH = hashlib.sha256(
     b"".join((Path(__file__).parent / name).read_bytes() for name in _CODE_FILES)
 ).hexdigest()[:16]
@@ -48,6 +50,41 @@ def run_key(store: Any, run: str, args: str) -> str:
     ).to_pylist()
     text = repr((rows, SCHEMA_VERSION, args, _CODE_HASH))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+_PACKAGE_HASH = hashlib.sha256(
+    b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))
+).hexdigest()[:16]
+
+
+def cached_json(store: Any, name: str, run: str, args: object, compute: Callable[[], Any]) -> Any:
+    """Cache a JSON document derived from the whole analysis package (e.g. the summary).
+
+    Keyed like the frames, but on the code of *every* module of ``stepscope.analysis``, since a
+    document gathers all sections and rules.
+    """
+    root = getattr(store, "root", None)
+    if root is None or os.environ.get(CACHE_ENV) == "1":
+        return compute()
+    key = run_key(store, run, repr((args, _PACKAGE_HASH)))
+    path = Path(root) / "cache" / name / f"run={run}" / f"{key}.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("%s: unreadable cache file, recomputing (%s)", path, exc)
+    doc = compute()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, path)
+        for stale in path.parent.glob("*.json"):
+            if stale != path:
+                stale.unlink(missing_ok=True)
+    except OSError as exc:
+        log.info("%s: cache not written (%s)", path, exc)
+    return doc
 
 
 def cache_path(root: Path, frame: str, run: str, key: str) -> Path:

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stepscope.analysis.absent import NO_COMMUNICATION, Absent, Maybe
-from stepscope.analysis.findings import Finding, Results, Severity, rule
 from stepscope.analysis._local import local_sql
 from stepscope.analysis._sql import rank_filter
+from stepscope.analysis.absent import NO_COMMUNICATION, Absent, Maybe
+from stepscope.analysis.cache import cached_frame
+from stepscope.analysis.findings import Finding, Results, Severity, rule
 from stepscope.analysis.overlap import hidden_ctes
 from stepscope.analysis.phase import gpu_phase_ctes
 from stepscope.analysis.sections import SQLStore, section
@@ -142,7 +143,8 @@ END
 """
 
 
-def _kernels_table(store: SQLStore, run: str, ranks: Sequence[int] | None) -> pa.Table:
+@cached_frame("comm_kernels")
+def _kernels_table(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """Every communication kernel of the run with its hidden time, phase and busbw factor.
 
     The one query that touches the store's events (the sweep and the phase join are its cost);
@@ -446,16 +448,10 @@ class CommResult:
 _ONE_RANK = "one rank in this run: cross-rank skew and stragglers need two or more"
 
 
-def _has_communication(store: SQLStore, run: str, ranks: Sequence[int] | None) -> tuple[bool, int]:
+def _rank_count(store: SQLStore, run: str, ranks: Sequence[int] | None) -> int:
     ranks_sql, params = _params(run, ranks, "rank")
-    row = store.sql(
-        f"""SELECT count(*) FILTER (WHERE category = 'communication' AND (kind = 'kernel' OR ({HOST_SIDE_SQL})))
-                     AS n,
-                   count(DISTINCT rank) AS ranks
-            FROM events e WHERE run = $run AND {ranks_sql}""",
-        params,
-    ).to_pylist()[0]
-    return row["n"] > 0, row["ranks"]
+    return store.sql(f"SELECT count(DISTINCT rank) AS n FROM sources WHERE run = $run AND {ranks_sql}",
+                     params).to_pylist()[0]["n"]
 
 
 @section("comm", order=40, to_json=lambda r: {
@@ -468,11 +464,11 @@ def _has_communication(store: SQLStore, run: str, ranks: Sequence[int] | None) -
 def comm_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe[CommResult]:
     """Communication per collective and size bucket, per process group and phase (exposed vs
     hidden under compute), and across ranks: start skew, last arrivals, compute per rank."""
-    has_comm, n_ranks = _has_communication(store, run, ranks)
-    if not has_comm:
-        return Absent(NO_COMMUNICATION)
-    multi = n_ranks >= 2
     kernels = _kernels_table(store, run, ranks)
+    if kernels.num_rows == 0:
+        return Absent(NO_COMMUNICATION)
+    n_ranks = _rank_count(store, run, ranks)
+    multi = n_ranks >= 2
     return CommResult(
         by_collective=_collective_summary(kernels),
         by_group_phase=_group_phase_summary(kernels, _step_totals(store, run, ranks)),

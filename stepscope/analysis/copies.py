@@ -25,6 +25,7 @@ import pyarrow as pa
 from stepscope.analysis._local import local_sql
 from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.absent import Absent, Maybe
+from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import Finding, Results, Severity, rule
 from stepscope.analysis.overlap import hidden_ctes
 from stepscope.analysis.sections import SQLStore, section
@@ -92,7 +93,8 @@ def _params(run: str, ranks: Sequence[int] | None, column: str = "e.rank") -> tu
     return predicate, {"run": run, **params}
 
 
-def _copies_table(store: SQLStore, run: str, ranks: Sequence[int] | None) -> pa.Table:
+@cached_frame("copies")
+def _copies_table(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """Every copy of the run with its hidden time and host link: the one query over the store's
     events (the sweep is its cost), which the frames below aggregate."""
     ranks_sql, params = _params(run, ranks)

@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.absent import Absent, Maybe
+from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import Finding, Results, Severity, rule
 from stepscope.analysis.phase import phase_cte
 from stepscope.analysis.sections import SQLStore, section
@@ -45,6 +46,7 @@ def _params(run: str, ranks: Sequence[int] | None, column: str = "rank") -> tupl
     return predicate, {"run": run, **params}
 
 
+@cached_frame("memory_timeline")
 def memory_timeline(store: SQLStore, run: str, ranks: Sequence[int] | None = None,
                     *, max_points: int | None = 2000) -> pa.Table:
     """Allocated and reserved bytes over time, per rank and device.
@@ -121,6 +123,7 @@ def _stack_cte(threads: str, out: str) -> str:
 )"""
 
 
+@cached_frame("memory_step_peaks")
 def step_peaks(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """Per rank, device and step: the peak of allocated memory, when it happened, reserved
     memory, the share of the device's capacity, the phase and the host ops live at the peak.
@@ -200,6 +203,7 @@ peak AS (
 """``peak``: each (rank, device)'s highest ``total_allocated`` event, the earliest on ties."""
 
 
+@cached_frame("memory_live_at_peak")
 def live_at_peak(store: SQLStore, run: str, ranks: Sequence[int] | None = None, *, top: int = 20) -> pa.Table:
     """The ``top`` largest allocations live at each (rank, device)'s highest peak: size, when
     allocated and freed, the ops that allocated it (outermost first), and its role."""
@@ -231,6 +235,7 @@ ORDER BY l.rank, l.device_type, l.device, l.size_rank
     return store.sql(query, {**params, "top": int(top)})
 
 
+@cached_frame("memory_largest_allocations")
 def largest_allocations(store: SQLStore, run: str, ranks: Sequence[int] | None = None, *, top: int = 20) -> pa.Table:
     """The ``top`` largest allocations of each (rank, device) over the whole trace, with their
     lifetime (null ``free_ts_ns``: not freed inside the trace) and the ops that made them."""
@@ -253,6 +258,7 @@ ORDER BY r.rank, r.device_type, r.device, r.size_rank
     return store.sql(query, {**params, "top": int(top)})
 
 
+@cached_frame("memory_roles_at_peak")
 def roles_at_peak(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
     """Bytes live at each (rank, device)'s highest peak by role: ``parameter``, ``gradient``,
     ``optimizer_state``, ``other`` (recorded allocations in no role) and ``untracked`` (allocated
@@ -309,6 +315,7 @@ ORDER BY p.rank, p.device_type, p.device, roles.role
     return store.sql(query, params)
 
 
+@cached_frame("memory_role_allocations")
 def role_allocations(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
     """Per rank, device, step and role: the recorded allocations labelled with the role, their
     count and bytes. Gradients re-allocated every step show up here step by step; parameters and
@@ -332,6 +339,7 @@ ORDER BY a.rank, a.device_type, a.device, a.step NULLS LAST, role
     return store.sql(query, params)
 
 
+@cached_frame("memory_snapshot_summary")
 def snapshot_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
     """Per rank and device, from the CUDA allocator snapshot: segments, reserved bytes, bytes in
     active and inactive (cached, fragmenting) blocks, the largest block, and OOMs in the history.
@@ -354,6 +362,7 @@ GROUP BY rank, device ORDER BY rank, device
     return table
 
 
+@cached_frame("memory_snapshot_blocks")
 def snapshot_blocks(store: SQLStore, run: str, ranks: Sequence[int] | None = None, *, top: int = 20) -> Maybe[pa.Table]:
     """The ``top`` largest active blocks of the CUDA allocator snapshot per rank and device,
     with the size asked for, the segment they sit in and the stack that allocated them

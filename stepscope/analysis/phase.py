@@ -1,8 +1,8 @@
 """Training phase (forward, backward, optimizer) of GPU work and of host instants, in SQL.
 
 Kineto records no phase. We infer it from the host events that enclose the moment the work was
-issued: a GPU event's CUDA launch (found by ``correlation``) or a host instant such as a
-``[memory]`` event, on the same process and thread. Enclosing events are *markers* when their
+issued: the start of a GPU event's CUDA launch (found by ``correlation``) or a host instant
+such as a ``[memory]`` event, on the same process and thread. Enclosing events are *markers* when their
 name says which phase they belong to:
 
 - **optimizer**: ``Optimizer.step#...`` / ``Optimizer.zero_grad#...`` (torch.optim's own
@@ -61,9 +61,16 @@ def launch_points_cte(gpu: str, out: str) -> str:
 def phase_cte(points: str, out: str) -> str:
     """CTE ``out(point_id, phase)``: the phase of each host point of CTE ``points``.
 
-    ``points`` has columns ``point_id, source, pid, tid, ts_ns, end_ns``. A marker encloses a
-    point when it runs on the same process and thread, starts at or before it and ends at or
-    after it. Every point gets a row (``other`` when no marker encloses it).
+    ``points`` has columns ``point_id, source, pid, tid, ts_ns``. A marker encloses a point when
+    it runs on the same process and thread and its ``[start, end]`` holds the point's ``ts_ns``
+    (for a launch: the moment it was issued). Every point gets a row (``other`` when no marker
+    encloses it).
+
+    Markers nest and repeat thousands of times per thread (one per autograd node), so instead of
+    joining every point with every marker of its thread, the markers of each phase are merged
+    into disjoint islands per thread and each point looks up, with an ASOF join, the last island
+    of each phase starting at or before it: a point lies in some marker of a phase exactly when
+    it lies in that island.
     """
     return f"""
 {out}_markers AS (
@@ -73,13 +80,31 @@ def phase_cte(points: str, out: str) -> str:
     AND (source, pid, tid) IN (SELECT (source, pid, tid) FROM {points})
     AND ({MARKER_PHASE_SQL}) IS NOT NULL
 ),
+{out}_prev AS (
+  SELECT *, max(end_ns) OVER (PARTITION BY source, pid, tid, priority ORDER BY ts_ns, end_ns
+                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+  FROM {out}_markers
+),
+{out}_islands AS (
+  SELECT source, pid, tid, priority, min(ts_ns) AS island_start, max(end_ns) AS island_end
+  FROM (SELECT *, sum(CASE WHEN prev_end IS NULL OR ts_ns > prev_end THEN 1 ELSE 0 END)
+                    OVER (PARTITION BY source, pid, tid, priority ORDER BY ts_ns, end_ns
+                          ROWS UNBOUNDED PRECEDING) AS island
+        FROM {out}_prev)
+  GROUP BY source, pid, tid, priority, island
+),
+{out}_asked AS (
+  SELECT p.point_id, p.source, p.pid, p.tid, p.ts_ns, k.priority
+  FROM {points} p CROSS JOIN (VALUES (1), (2), (3)) k(priority)
+),
 {out} AS (
-  SELECT p.point_id, {_PRIORITY_TO_PHASE.format(p="min(m.priority)")} AS phase
-  FROM {points} p
-  LEFT JOIN {out}_markers m
-    ON m.source = p.source AND m.pid = p.pid AND m.tid = p.tid
-   AND m.ts_ns <= p.ts_ns AND m.end_ns >= p.end_ns
-  GROUP BY p.point_id
+  SELECT a.point_id,
+         {_PRIORITY_TO_PHASE.format(p="min(CASE WHEN i.island_end >= a.ts_ns THEN a.priority END)")} AS phase
+  FROM {out}_asked a
+  ASOF LEFT JOIN {out}_islands i
+    ON i.source = a.source AND i.pid = a.pid AND i.tid = a.tid AND i.priority = a.priority
+   AND a.ts_ns >= i.island_start
+  GROUP BY a.point_id
 )"""
 
 
