@@ -50,3 +50,15 @@ def test_unwritable_cache_still_answers(tmp_path: Path, shared_traces: Path) -> 
     assert ingest_paths([shared_traces / NCCL], root, "r").ok
     (root / "cache").write_text("not a folder")  # makes every cache write fail
     assert step_breakdown(open_store(root), "r").num_rows == 3
+
+
+def test_summary_document_is_cached_per_run_and_rank_selection(tmp_path: Path, shared_traces: Path) -> None:
+    from stepscope.analysis.summary import build_summary
+
+    root = tmp_path / "store"
+    assert ingest_paths([shared_traces / NCCL], root, "r").ok
+    first = build_summary(open_store(root), "r")
+    assert len(list((root / "cache" / "summary" / "run=r").glob("*.json"))) == 1
+    assert build_summary(open_store(root), "r") == first
+    assert [r["rank"] for r in build_summary(open_store(root), "r", ranks=[3])["ranks"]] == [3]
+    assert build_summary(open_store(root), "r") == first  # the rank-3 document did not replace it wrongly

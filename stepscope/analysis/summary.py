@@ -212,7 +212,18 @@ def kernels_json(result: KernelsResult) -> dict[str, Any]:
 
 
 def build_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> dict[str, Any]:
-    """The summary document of ``run`` (JSON-ready; contract in docs/SUMMARY_JSON.md)."""
+    """The summary document of ``run`` (JSON-ready; contract in docs/SUMMARY_JSON.md).
+
+    Cached per run (``stepscope.analysis.cache.cached_json``): a run's traces do not change,
+    so the second summary of a run is read back instead of recomputed.
+    """
+    from stepscope.analysis.cache import cached_json
+
+    wanted = None if ranks is None else sorted(int(r) for r in ranks)
+    return cached_json(store, "summary", run, wanted, lambda: _compute_summary(store, run, wanted))
+
+
+def _compute_summary(store: SQLStore, run: str, ranks: Sequence[int] | None) -> dict[str, Any]:
     from stepscope.analysis.sections import all_sections
 
     results = compute_sections(store, run, ranks)
