@@ -11,14 +11,15 @@ CPU time, because on a shared machine wall times swing with other people's load.
    timed); timed are (a) ``rank_totals`` (default and HTA scope: the same figures as HTA's two
    calls) and (b) the whole ``build_summary`` (breakdown per step, host, totals, kernels,
    communication, copies, memory, findings): the cold computation, with the frame cache
-   disabled (``STEPSCOPE_NO_CACHE=1``), and (c) the same read back from the per-run cache.
+   disabled (``STEPSCOPE_NO_CACHE=1``), and (c) the same answered from the per-run cache
+   (the summary document and frames computed by an earlier call; docs/ANALYSIS.md).
 2. **Trace to answer** (target >= 10x): HTA: one process that loads the trace and makes both
    calls. Ours: ``stepscope ingest`` then ``stepscope summary --format json`` (two processes,
    interpreter start-up included).
 3. **Scaled** (target < 2 s): 64 ranks made from the real ``df_index_resolver`` rank by copying
    its store partitions 64 times with every timestamp shifted by k * 7 us (benchmarks/_scale.py;
-   13.8 M events). Timed: ``stepscope summary --format json`` cold (cache off) and warm (frames
-   cached by a previous summary).
+   13.8 M events). Timed: ``stepscope summary --format json`` cold (cache off) and warm (answered
+   from the per-run cache that a previous summary wrote).
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def main() -> int:
         summary_warm = _repeat(args.repeat, lambda: run_snippet(
             open_store + "from stepscope.analysis.summary import build_summary",
             "RESULT = len(build_summary(s, 'dfir')['ranks'])",
-            label="ours: build_summary, cached frames", env=_env()))
+            label="ours: build_summary, per-run cache", env=_env()))
         rows += [_row(totals), _row(summary_cold), _row(summary_warm)]
         hta_loaded = hta_e2e = None
         if hta_python is not None:
@@ -158,13 +159,13 @@ def main() -> int:
                                env=_env(STEPSCOPE_NO_CACHE="1"), timeout_s=3600)
             run_process(argv, label="fill cache", env=_env(), timeout_s=3600)
             warm = _repeat(args.repeat, lambda: run_process(
-                argv, label="64 ranks: stepscope summary, cached frames", env=_env()))
+                argv, label="64 ranks: stepscope summary, per-run cache", env=_env()))
             print(f"\n3. Scaled: {SCALED_RANKS} ranks = copies of the real rank {RANK} of {TRACE}, "
                   "timestamps shifted by k * 7 us (13.8 M events)")
             print(format_table(["what (whole process)", "wall s", "cpu s", "peak MB"],
                                [_row(cold, cold.wall_s), _row(warm, warm.wall_s)]))
             print(verdict("64 ranks, cold", cold.wall_s, 2, at_least=False, unit=" s"))
-            print(verdict("64 ranks, cached frames", warm.wall_s, 2, at_least=False, unit=" s"))
+            print(verdict("64 ranks, per-run cache", warm.wall_s, 2, at_least=False, unit=" s"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
