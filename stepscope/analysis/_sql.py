@@ -68,7 +68,11 @@ _seg AS (
     FROM _deltas
 ),
 _segflag AS (
-    SELECT rank, step::BIGINT AS step, inwin, s0, s1, s1 - s0 AS len,
+    SELECT rank, step::BIGINT AS step, inwin, s0, s1,
+    -- A running sum that goes negative means the pass did not see the points in order (or an
+    -- interval ends before it starts): fail loudly rather than report wrong times.
+    CASE WHEN packed < 0 OR inwin < 0 OR inwin > 1 THEN error('interval sweep out of order')
+         ELSE s1 - s0 END AS len,
     {counts},
     packed <> 0 AS busy
     FROM _seg WHERE s1 IS NOT NULL
