@@ -79,6 +79,18 @@ if shown(comparison, "Comparison"):
             ).properties(height=22 * len(table) + 40))
             data_table(table)
 
+    for title, deltas, value, count in (
+        ("Collectives by size bucket (bus bandwidth and count, median over ranks)", comparison.collectives, "busbw_gbps", "count"),
+        ("Copies by direction and host memory (bandwidth and bytes, median over ranks)", comparison.copies, "bandwidth_gbps", "bytes"),
+    ):
+        with st.expander(title):
+            if shown(deltas, title):
+                data_table(pd.DataFrame([{
+                    "name": d.key, "status": d.status, f"baseline_{value}": d.baseline,
+                    f"candidate_{value}": d.candidate, "delta_pct": d.delta_pct,
+                    f"baseline_{count}": d.baseline_count, f"candidate_{count}": d.candidate_count,
+                } for d in deltas]))
+
     if comparison.findings:
         st.subheader("Findings")
         for f in comparison.findings:
