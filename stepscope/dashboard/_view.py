@@ -81,6 +81,6 @@ def chart(spec: alt.TopLevelMixin) -> None:
     st.altair_chart(spec, width="stretch")
 
 
-def step_axis(df: Any) -> alt.X:
-    """Steps as ordered categories (``ProfilerStep`` numbers, gaps allowed)."""
-    return alt.X("step:O", title="step", axis=alt.Axis(labelAngle=0))
+def bar_width(bars: int) -> int:
+    """Pixel width of one bar among ``bars`` across the page: narrow enough to fit, never a slab."""
+    return max(2, min(40, 900 // max(bars, 1)))

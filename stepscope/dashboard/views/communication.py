@@ -8,7 +8,7 @@ import streamlit as st
 from stepscope.analysis.absent import Absent
 from stepscope.dashboard._data import context
 from stepscope.dashboard._filters import select
-from stepscope.dashboard._view import chart, data_table, frame, ns_to_ms, shown
+from stepscope.dashboard._view import bar_width, chart, data_table, frame, ns_to_ms, shown
 
 ctx = context()
 st.title(f"Communication: {ctx.run}")
@@ -83,7 +83,7 @@ if shown(result, "Communication"):
                 "was matched on two or more of the selected ranks: no last arrivals to count.",
                 icon=":material/info:")
     elif not isinstance(result.arrivals, Absent):
-        chart(alt.Chart(arrivals).mark_bar().encode(
+        chart(alt.Chart(arrivals).mark_bar(size=bar_width(len(arrivals))).encode(
             x=alt.X("rank:O", title="rank", axis=alt.Axis(labelAngle=0, labelOverlap=True)),
             y=alt.Y("last_pct:Q", title="arrived last (%)"),
             tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("instances:Q"), alt.Tooltip("last_count:Q"),

@@ -7,7 +7,7 @@ import streamlit as st
 
 from stepscope.dashboard._data import context
 from stepscope.dashboard._filters import select
-from stepscope.dashboard._view import chart, data_table, frame, ns_to_ms, shown
+from stepscope.dashboard._view import bar_width, chart, data_table, frame, ns_to_ms, shown
 
 TOP = 20
 
@@ -68,7 +68,7 @@ if shown(launch, "Launch overhead"):
     else:
         st.caption("Launch-call time against the GPU time it launched: a ratio above 1 means the host takes "
                    "longer to launch than the GPU to run (launch-bound).")
-        chart(alt.Chart(launch).mark_bar().encode(
+        chart(alt.Chart(launch).mark_bar(size=bar_width(len(launch))).encode(
             x=alt.X("rank:O", title="rank", axis=alt.Axis(labelAngle=0, labelOverlap=True)),
             y=alt.Y("launch_to_gpu_ratio:Q", title="launch / GPU time"),
             tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("launches:Q"),
