@@ -215,3 +215,90 @@ def test_writer_never_blocks_training_and_bounds_the_exit_wait(caplog: pytest.Lo
     assert writer.close(timeout_s=0.05) is False
     assert any("abandoned" in r.getMessage() for r in caplog.records)
     release.set()
+
+
+class _FakeEvent:
+    """Stands in for ``torch.cuda.Event`` on this CPU build: completes when told to."""
+
+    clock = 0.0
+
+    def __init__(self) -> None:
+        _FakeEvent.clock += 1.5  # each event 1.5 ms after the previous one
+        self.at = _FakeEvent.clock
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        assert self.done and end.done, "elapsed_time on an event that has not completed"
+        return end.at - self.at
+
+
+def test_step_timer_resolves_gpu_time_without_synchronising(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA path's bookkeeping: a step's GPU time is filled once its end event completes,
+    never by waiting during training; only the final snapshot waits."""
+    events: list[_FakeEvent] = []
+
+    def record(_self: StepTimer) -> _FakeEvent:
+        events.append(_FakeEvent())
+        return events[-1]
+
+    monkeypatch.setattr(StepTimer, "_record_event", record)
+    timer = StepTimer(use_cuda=True)
+    timer.begin()
+    timer.end_step(0, profiled=False)
+    timer.end_step(1, profiled=False)
+    assert [r["gpu_ns"] for r in timer.snapshot().table("s").to_pylist()] == [None, None]
+    events[0].done = events[1].done = True
+    timer.end_step(2, profiled=False)  # step 0 resolves now; steps 1-2 still wait for events 2-3
+    assert [r["gpu_ns"] for r in timer.snapshot().table("s").to_pylist()] == [1_500_000, None, None]
+    final = timer.snapshot(wait_for_gpu=True).table("s").to_pylist()
+    assert [r["gpu_ns"] for r in final] == [1_500_000] * 3
+
+
+class _RecorderWithSnapshot:
+    """A ``SnapshotRecorder`` stand-in that hands out a real snapshot (this build has no CUDA)."""
+
+    def __init__(self, snapshot: dict[str, Any]) -> None:
+        self.snapshot = snapshot
+        self.recording = False
+        self.starts = 0
+
+    def start(self) -> None:
+        self.recording = True
+        self.starts += 1
+
+    def take(self) -> dict[str, Any]:
+        self.recording = False
+        return self.snapshot
+
+    def stop(self) -> None:
+        self.recording = False
+
+
+def test_snapshot_is_stored_with_its_trace(tmp_path: Path, shared_traces: Path) -> None:
+    """The path a CUDA run takes: history turned on before the window, the snapshot taken at the
+    trace and written as ``memory_snapshot`` rows of that trace's source."""
+    snapshot = load_snapshot(shared_traces / "memsnap" / "magma27_cs336" / "memory_snapshot.pickle")
+    torch.set_num_threads(1)
+    model, optimizer = toy_transformer.build(TINY)
+    data = torch.Generator().manual_seed(0)
+    prof = stepscope.profile(store=tmp_path, run="snap", wait=2, warmup=1, active=1,
+                             convert="thread", strict=True)
+    recorder = _RecorderWithSnapshot(snapshot)
+    prof.handler.snapshots = recorder  # type: ignore[assignment]
+    with prof:
+        for step in range(5):
+            assert recorder.recording is (step in (2, 3))  # on from the warmup step to the trace
+            toy_transformer.train_step(model, optimizer, toy_transformer.synthetic_batch(TINY, data))
+            prof.step()
+    assert recorder.starts == 1
+    rows = open_store(tmp_path).sql(
+        "SELECT record, count(*) AS n FROM memory_snapshot m SEMI JOIN sources s USING (source) "
+        "GROUP BY record ORDER BY record").to_pylist()
+    assert rows == [{"record": "block", "n": 455}, {"record": "segment", "n": 216},
+                    {"record": "trace", "n": 5163}]
