@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import altair as alt
+import pandas as pd
 import streamlit as st
 
 from stepscope.analysis.absent import Absent
@@ -93,7 +94,7 @@ if shown(totals, "GPU totals"):
         for reason in sorted(set(totals["absent_reason"].dropna())):
             st.info(f"GPU totals: {reason}", icon=":material/info:")
     else:
-        with st.expander("Whole-trace GPU totals per rank (HTA definitions)", expanded=len(with_gpu) > 1):
+        with st.expander("Whole-trace GPU totals per rank (HTA definitions)", expanded=1 < len(with_gpu) <= 8):
             data_table(with_gpu)
 
 # Findings: their place is here, but they need every section of the run, the slowest thing to
@@ -140,20 +141,31 @@ if not isinstance(times, Absent) and not times.empty:
     chart(alt.Chart(times).mark_line(point=True).encode(
         x=alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1)),
         y=alt.Y("wall_ms:Q", title="step time (ms)"),
-        color=alt.Color("rank:N", title="rank"),
+        # Past 16 ranks a legend is noise: one colour, one line per rank, the rank in the tooltip.
+        color=alt.Color("rank:N", title="rank") if times["rank"].nunique() <= 16 else alt.value("#4C78A8"),
+        detail="rank:N",
         tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("step:Q"), alt.Tooltip("wall_ms:Q", title="step (ms)", format=",.3f"),
                  alt.Tooltip("profiled:N")],
     ).properties(height=280))
     with st.expander("Step times table (ms)"):
         data_table(times)
 
-# Findings, into their slot at the top.
+# Findings, into their slot at the top: one line per rule (a rule firing on 256 ranks is one
+# story), the first finding's message as its title and every finding's evidence in its table.
 findings_slot.subheader("Findings")
 with findings_slot, st.spinner("Evaluating the findings rules..."):
     findings = [f for f in ctx.findings() if f.evidence.get("rank") in (None, *ctx.ranks)]
 if not findings:
     findings_slot.success("No rule fired for the selected ranks.", icon=":material/check:")
+by_rule: dict[str, list] = {}
 for f in findings:
-    with findings_slot.expander(f"{f.message}", icon=SEVERITY_ICON.get(f.severity.value)):
-        st.caption(f"rule `{f.rule}` ({f.severity.value})")
-        st.json(dict(f.evidence))
+    by_rule.setdefault(f.rule, []).append(f)
+for rule_id, group in by_rule.items():
+    first = group[0]
+    more = f"  (and {len(group) - 1} more like it)" if len(group) > 1 else ""
+    with findings_slot.expander(f"{first.message}{more}", icon=SEVERITY_ICON.get(first.severity.value)):
+        st.caption(f"rule `{rule_id}` ({first.severity.value})")
+        if len(group) == 1:
+            st.json(dict(first.evidence))
+        else:
+            data_table(pd.DataFrame([{"message": f.message, **f.evidence} for f in group]))
