@@ -302,3 +302,23 @@ def test_snapshot_is_stored_with_its_trace(tmp_path: Path, shared_traces: Path) 
         "GROUP BY record ORDER BY record").to_pylist()
     assert rows == [{"record": "block", "n": 455}, {"record": "segment", "n": 216},
                     {"record": "trace", "n": 5163}]
+
+
+def test_step_times_are_rewritten_while_the_job_runs(tmp_path: Path) -> None:
+    """After the trace, step times are rewritten periodically, so a job that dies keeps them."""
+    torch.set_num_threads(1)
+    model, optimizer = toy_transformer.build(TINY)
+    data = torch.Generator().manual_seed(0)
+    seen_during: list[list[int]] = []
+    with stepscope.profile(store=tmp_path, run="periodic", wait=0, warmup=1, active=1,
+                           convert="thread", strict=True, step_times_every_s=0) as prof:
+        for step in range(6):
+            toy_transformer.train_step(model, optimizer, toy_transformer.synthetic_batch(TINY, data))
+            prof.step()
+            if step == 4:
+                assert prof.handler.flush(timeout_s=60)
+                seen_during = [r["steps"] for r in open_store(tmp_path).sql(
+                    "SELECT list(step ORDER BY step) AS steps FROM step_times").to_pylist()]
+    assert seen_during == [[0, 1, 2, 3, 4]]
+    final = open_store(tmp_path).sql("SELECT list(step ORDER BY step) AS steps FROM step_times")
+    assert final.to_pylist() == [{"steps": [0, 1, 2, 3, 4, 5]}]

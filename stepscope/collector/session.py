@@ -35,7 +35,8 @@ class Profile:
     ``memory_snapshot`` records a CUDA allocator snapshot per trace (CUDA only); ``tags`` are
     user strings stored with the run; ``trace_dir`` also keeps the exported Kineto files;
     ``convert`` is ``"process"`` (default) or ``"thread"``; ``flush_timeout_s`` bounds the wait
-    for pending writes at exit; ``strict=True`` raises ``CollectorError`` instead of warning.
+    for pending writes at exit; ``step_times_every_s`` is how often the step times are rewritten
+    once a trace is stored; ``strict=True`` raises ``CollectorError`` instead of warning.
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class Profile:
         trace_dir: str | Path | None = None,
         convert: str = "process",
         flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
+        step_times_every_s: float = 300.0,
     ) -> None:
         self.schedule = Schedule(wait, warmup, active, repeat, skip_first)
         self.recording = Recording(record_shapes, profile_memory, with_stack, with_flops,
@@ -71,6 +73,8 @@ class Profile:
                                     convert=convert,
                                     flush_timeout_s=flush_timeout_s)
         self.timer = StepTimer()
+        self._step_times_every_ns = int(step_times_every_s * 1e9)
+        self._step_times_due_ns: int | None = None
         self.step_num = 0
         """The step now running, numbered like ``ProfilerStep#N`` (from 0)."""
         self._actions = self.schedule.torch_schedule()
@@ -119,6 +123,10 @@ class Profile:
         recording = action in RECORDING
         self.timer.end_step(step, recording, tokens, samples)
         self.step_num = step + 1
+        due = self._step_times_due_ns
+        if due is not None and (self.timer.last_ns or 0) >= due:
+            with self.policy.guard("queueing the step times"):
+                self._submit_step_times()
         prof = self._torch
         if prof is None:
             return
@@ -169,10 +177,14 @@ class Profile:
     def _submit_step_times(self, wait_for_gpu: bool = False) -> None:
         """Queue a rewrite of this rank's ``step_times`` (every step so far).
 
-        Rows live under the first stored trace's source, since the store shows a table's rows only
+        Called after each trace, every ``step_times_every_s`` from then on (so that a job that
+        dies after a week keeps its timings up to the last few minutes), and at exit. Rows live
+        under the first stored trace's source, since the store shows a table's rows only
         once their source is committed; rewriting that one part keeps a single, growing copy.
         Without any stored trace there is nothing to attach them to, and they are not written.
         """
+        now = self.timer.last_ns
+        self._step_times_due_ns = None if now is None else now + self._step_times_every_ns
         rows = self.timer.snapshot(wait_for_gpu)
         sink = self.handler.sink
         if sink is None or len(rows) == 0:

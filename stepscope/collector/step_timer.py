@@ -73,6 +73,11 @@ class StepTimer:
     def __len__(self) -> int:
         return len(self._step)
 
+    @property
+    def last_ns(self) -> int | None:
+        """Monotonic time (ns) at which the last step ended (or timing began)."""
+        return self._t0
+
     def snapshot(self, wait_for_gpu: bool = False) -> StepRows:
         """A copy of the steps timed so far, cheap enough for the training thread (memcpy).
 
