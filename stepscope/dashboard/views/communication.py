@@ -65,7 +65,7 @@ if shown(result, "Communication"):
                      alt.Tooltip("mean_late_ms:Q", title="mean late (ms)", format=",.3f"),
                      alt.Tooltip("max_late_ms:Q", title="max late (ms)", format=",.3f"),
                      alt.Tooltip("last_count:Q", title="started last")],
-        ).properties(height=max(160, 18 * skew["rank"].nunique())))
+        ).properties(height=max(160, min(720, 18 * skew["rank"].nunique()))))
         st.caption("Late: the rank's start minus the earliest start of the same collective instance.")
         with st.expander("Lateness per rank and collective"):
             data_table(skew)

@@ -84,7 +84,7 @@ if shown(result, "Memory") and shown(timeline, "Memory timeline"):
             color=alt.Color("role:N", title="role"),
             tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("role:N"), alt.Tooltip("live_gib:Q", title="GiB", format=",.4f"),
                      alt.Tooltip("allocations:Q")],
-        ).properties(height=max(120, 30 * roles["rank"].nunique())))
+        ).properties(height=max(120, min(720, 30 * roles["rank"].nunique()))))
         data_table(roles)
 
     st.subheader("Largest allocations live at the peak")
