@@ -322,3 +322,5 @@ def test_query_params_cannot_leave_the_store(sample_store: Path, tmp_path: Path,
     assert at.session_state["baseline"] == "(none)"
     assert at.query_params["run"] in (runs[-1], [runs[-1]])
     assert "store" not in at.query_params
+    for steps in ("100-200", "5-2", "-3--1", "1,2,3"):
+        assert_clean(open_page(sample_store, "overview", monkeypatch, steps=steps))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 import streamlit as st
 
 from stepscope.dashboard._data import Context
@@ -26,6 +27,16 @@ def _parse_ints(text: str | None) -> list[int]:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         return []
+
+
+def _step_range(text: str | None, first: int, last: int) -> tuple[int, int]:
+    """``"3-5"`` clipped to ``[first, last]``; the whole range when it is not a range inside."""
+    wanted = _parse_ints((text or "").replace("-", ","))
+    if len(wanted) == 2:
+        lo, hi = max(first, wanted[0]), min(last, wanted[1])
+        if lo <= hi:
+            return lo, hi
+    return first, last
 
 
 def _seed(key: str, value: Any) -> None:
@@ -67,12 +78,10 @@ def sidebar(root: str, runs_df: Any) -> Context:
 
     steps: tuple[int, int] | None = None
     first, last = row["first_step"], row["last_step"]
-    if first == first and last == last and first is not None and last is not None:  # not NaN/None
+    if not (pd.isna(first) or pd.isna(last)):
         first, last = int(first), int(last)
         step_key = f"steps:{run}"
-        wanted = _parse_ints((params.get("steps") or "").replace("-", ","))
-        seeded = (max(first, wanted[0]), min(last, wanted[1])) if len(wanted) == 2 and wanted[0] <= wanted[1] else (first, last)
-        _seed(step_key, seeded)
+        _seed(step_key, _step_range(params.get("steps"), first, last))
         if first < last:
             steps = st.sidebar.slider("Steps", first, last, key=step_key, help="ProfilerStep numbers to show.")
         else:
