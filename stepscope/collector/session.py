@@ -195,8 +195,10 @@ class Profile:
             if not sources:
                 # After a dropped trace this is a consequence of the failure already reported.
                 level = logging.DEBUG if self.policy.dropped else logging.WARNING
-                log.log(level, "stepscope: no trace of rank %d was stored, so its %d step times "
-                        "were not written", sink.rank, len(rows))
+                log.log(level, "stepscope: rank %d stored no trace (the schedule records from "
+                        "step %d; %d steps ran), so its step times were not written either",
+                        sink.rank, self.schedule.skip_first + self.schedule.wait +
+                        self.schedule.warmup, len(rows))
                 return
             sink.store_table("step_times", sources[0], rows.table(sources[0]))
 
