@@ -6,7 +6,6 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from stepscope.analysis.absent import Absent
 from stepscope.dashboard._data import context
 from stepscope.dashboard._view import GIB, NS_PER_MS, chart, data_table, shown
 
