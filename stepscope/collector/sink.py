@@ -7,9 +7,11 @@ The single place where the collector touches the store, through the store's own 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -20,6 +22,8 @@ from stepscope.collector import convert_job
 from stepscope.store.writer import run_id, write_partition
 
 CONVERT_MODES = ("process", "thread")
+
+log = logging.getLogger("stepscope.collector")
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,10 @@ class StoreSink:
 
     def _convert(self, export: Callable[[Path], object], target: Path) -> str:
         plain = target.with_name(target.name + ".export.json")
+        started = time.perf_counter()
         export(plain)
+        log.debug("stepscope: Kineto export of %s took %.3f s (%d bytes)", target.name,
+                  time.perf_counter() - started, plain.stat().st_size)
         job = {"plain": str(plain), "target": str(target), "store": str(self.store),
                "run_name": self.run_name, "rank": self.rank, "rank_from": self.rank_from,
                "metadata": self.metadata, "tags": self.tags}
