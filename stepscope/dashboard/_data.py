@@ -4,7 +4,9 @@ Pages never query events themselves. They ask :func:`analysis` for a named analy
 its result is computed once per (store, run, sources fingerprint, arguments) and kept by
 ``st.cache_data``, so a rerun, a filter change or a second visitor reads the cached aggregate
 instead of raw events. The fingerprint is the run's list of committed sources: ingesting
-another rank into the run changes it, and the next render recomputes.
+another rank into the run changes it, and the next render recomputes. Underneath, the analysis
+layer keeps its heavy per-run frames in ``<store>/cache/`` (:mod:`stepscope.analysis.cache`),
+so a restarted server reads them back instead of recomputing them.
 
 A function the analysis layer does not provide (yet) comes back as :class:`Absent` with the
 name that was looked for, the analysis layer's own convention for a figure that cannot be
@@ -13,7 +15,6 @@ shown, so a page keeps working and says what is missing.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import os
 from collections.abc import Callable
@@ -27,20 +28,6 @@ from stepscope.analysis.absent import Absent
 from stepscope.store.catalog import Store
 
 NOT_AVAILABLE = "not available yet: stepscope.analysis has no {name}"
-
-
-def _code_fingerprint() -> str:
-    """Hash of the analysis package's source: part of every persisted cache key, so results
-    computed by an older stepscope are never served after an upgrade."""
-    import stepscope.analysis as package
-
-    digest = hashlib.sha256()
-    for path in sorted(Path(package.__file__).parent.rglob("*.py")):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-CODE = _code_fingerprint()
 
 
 class StoreProblem(Exception):
@@ -126,14 +113,13 @@ def available(name: str) -> bool:
     return _resolve(name) is not None
 
 
-@st.cache_data(show_spinner="Computing this run's aggregates once...", max_entries=512, persist="disk")
-def _compute(root: str, run: str, fingerprint: str, name: str, kwargs: tuple[tuple[str, Any], ...],
-             code: str) -> Any:
-    """One analysis result; ``fingerprint`` and ``code`` are part of the cache key only.
+@st.cache_data(show_spinner="Computing this run's aggregates once...", max_entries=512)
+def _compute(root: str, run: str, fingerprint: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
+    """One analysis result; ``fingerprint`` is part of the cache key only.
 
-    Kept in memory and on disk (Streamlit's cache folder), so a restarted server does not
-    recompute a run it has seen: the key holds the run's sources (sha256-derived) and the
-    analysis code's hash, so a changed run or a changed stepscope recomputes.
+    In memory for the server's life. Across restarts the analysis layer's own per-run cache
+    (``<store>/cache/``, :mod:`stepscope.analysis.cache`) keeps the heavy frames, so a restarted
+    server reads them back instead of scanning events again.
 
     ``section:<name>`` computes a registered summary section (all ranks) instead of a function.
     """
@@ -147,10 +133,9 @@ def _compute(root: str, run: str, fingerprint: str, name: str, kwargs: tuple[tup
     return func(store_for(root), run, **dict(kwargs))
 
 
-@st.cache_data(show_spinner="Comparing the runs...", max_entries=64, persist="disk")
-def _compare(root: str, baseline: str, baseline_fp: str, candidate: str, candidate_fp: str,
-             code: str) -> Any:
-    """``compare.compare_runs`` of two runs of the store; fingerprints and code key the cache only."""
+@st.cache_data(show_spinner="Comparing the runs...", max_entries=64)
+def _compare(root: str, baseline: str, baseline_fp: str, candidate: str, candidate_fp: str) -> Any:
+    """``compare.compare_runs`` of two runs of the store; the fingerprints key the cache only."""
     from stepscope.analysis.compare.comparison import compare_runs
 
     store = store_for(root)
@@ -179,7 +164,7 @@ class Context:
         if _resolve(name) is None:
             return Absent(NOT_AVAILABLE.format(name=name))
         run = run or self.run
-        return _compute(self.root, run, self.fingerprint(run), name, tuple(sorted(kwargs.items())), CODE)
+        return _compute(self.root, run, self.fingerprint(run), name, tuple(sorted(kwargs.items())))
 
     def section(self, name: str, *, run: str | None = None) -> Any:
         """The summary section ``name`` of the run (all ranks), cached; :class:`Absent` when no
@@ -190,7 +175,7 @@ class Context:
         if name not in SECTIONS:
             return Absent(NOT_AVAILABLE.format(name=f"section {name!r}"))
         run = run or self.run
-        return _compute(self.root, run, self.fingerprint(run), f"section:{name}", (), CODE)
+        return _compute(self.root, run, self.fingerprint(run), f"section:{name}", ())
 
     def findings(self, *, run: str | None = None) -> list[Any]:
         """Every finding of the run: the analysis layer's rules over the cached sections."""
@@ -206,7 +191,7 @@ class Context:
         if self.baseline is None:
             return Absent("no baseline chosen: pick one in the sidebar")
         return _compare(self.root, self.baseline, self.fingerprint(self.baseline), self.run,
-                        self.fingerprint(self.run), CODE)
+                        self.fingerprint(self.run))
 
     @property
     def store(self) -> Store:
