@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -92,7 +93,8 @@ class StoreSink:
         try:
             done = subprocess.run([sys.executable, "-m", convert_job.__name__],
                                   input=json.dumps(job), capture_output=True, text=True,
-                                  timeout=self.convert_timeout_s, check=False)
+                                  timeout=self.convert_timeout_s, check=False,
+                                  env=_child_environment())
         finally:
             plain.unlink(missing_ok=True)
         if done.returncode != 0:
@@ -100,3 +102,13 @@ class StoreSink:
             raise RuntimeError(f"converting {target.name} failed: "
                                f"{lines[-1] if lines else f'exit status {done.returncode}'}")
         return str(json.loads(done.stdout)["source"])
+
+
+def _child_environment() -> dict[str, str]:
+    """The job's environment, with the folder this ``stepscope`` was imported from first on
+    ``PYTHONPATH``: the child must import the same stepscope even when the training script
+    found it through a ``sys.path`` tweak rather than an installation."""
+    package_root = str(Path(convert_job.__file__).resolve().parents[2])
+    inherited = os.environ.get("PYTHONPATH")
+    return {**os.environ,
+            "PYTHONPATH": package_root if not inherited else package_root + os.pathsep + inherited}
