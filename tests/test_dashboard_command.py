@@ -48,3 +48,19 @@ def test_demo_opens_the_dashboard(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(dashboard, "serve", lambda store, host, port: served.append((store, host, port)) or 0)
     assert main(["demo", "--store", str(tmp_path / "s"), "--traces", str(tmp_path / "traces"), "--port", "8600"]) == 0
     assert served == [(tmp_path / "s", "127.0.0.1", 8600)]
+
+
+def test_demo_prints_each_runs_breakdown_from_the_analysis(tmp_path, capsys) -> None:
+    """The demo's per-rank table sums the analysis layer's host breakdown over the steps."""
+    from stepscope.analysis.breakdown import host_breakdown
+    from stepscope.cli import main
+    from stepscope.store import open_store
+
+    store = tmp_path / "demo"
+    assert main(["demo", "--no-dashboard", "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    expected = host_breakdown(open_store(store), "ddp-gloo-2ranks").to_pylist()
+    for rank in (0, 1):
+        total_ms = sum(r["dur_ns"] for r in expected if r["rank"] == rank) / 1e6
+        assert f"{total_ms:,.3f}" in out
+    assert "ddp-gloo-2ranks: time by category per rank" in out

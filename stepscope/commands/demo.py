@@ -9,20 +9,43 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stepscope.commands._output import to_text
 from stepscope.errors import UsageError
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from stepscope.store import Store
+
 SAMPLE_TRACES = Path(__file__).resolve().parents[2] / "sample_traces"
 
-TIME_BY_CATEGORY = """
-SELECT run, rank, kind, category, count(*) AS events,
-       round(sum(dur_ns) / 1e6, 3) AS summed_ms
-FROM events
-WHERE category IS NOT NULL
-GROUP BY ALL
-ORDER BY run, rank, summed_ms DESC
+BREAKDOWN_PER_RANK = """
+SELECT run, rank, count(*) AS steps, {parts}
+FROM breakdown GROUP BY run, rank ORDER BY run, rank
 """
+
+
+def time_by_category(store: Store, run: str) -> pa.Table | None:
+    """Per rank, the run's steps split into disjoint parts (ms): the GPU breakdown when the
+    trace has GPU work, else the host breakdown. Every number comes from the analysis layer."""
+    import duckdb
+
+    from stepscope.analysis import is_absent
+    from stepscope.analysis.breakdown import host_breakdown, step_breakdown
+
+    breakdown = step_breakdown(store, run)
+    if is_absent(breakdown):
+        breakdown = host_breakdown(store, run)
+    if is_absent(breakdown):
+        return None
+    columns = ["dur_ns", *(c for c in breakdown.column_names if c.endswith("_ns")
+                           and c not in ("dur_ns", "start_ns", "end_ns"))]
+    parts = ", ".join(f"round(sum({c}) / 1e6, 3) AS {c.removesuffix('_ns')}_ms" for c in columns)
+    con = duckdb.connect()
+    con.register("breakdown", breakdown)
+    return con.sql(BREAKDOWN_PER_RANK.format(parts=parts)).to_arrow_table()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,8 +79,11 @@ def run(args: argparse.Namespace) -> int:
     with open_store(args.store) as store:
         print("Runs\n")
         print(to_text(store.sql("SELECT run, ranks, world_size, backend, gpu_name, events FROM runs ORDER BY run")))
-        print("\nTime by category, per rank (event durations summed; nested or parallel events overlap)\n")
-        print(to_text(store.sql(TIME_BY_CATEGORY)))
+        for run_name in store.sql("SELECT run FROM runs ORDER BY run")["run"].to_pylist():
+            table = time_by_category(store, run_name)
+            print(f"\n{run_name}: time by category per rank, summed over profiled steps (ms)\n")
+            print(to_text(table) if table is not None else "(no steps in this run)")
+            print(f"  details: stepscope summary --run {run_name} --store {args.store}")
     print(f"\nStore: {args.store.resolve()}  (try: stepscope sql \"SELECT * FROM steps\" --store {args.store})")
     if args.no_dashboard:
         return 0
