@@ -1,10 +1,12 @@
 """Communication: what each collective costs, how much of it compute hides, and who arrives last.
 
-Every figure is computed in DuckDB SQL over the store's ``events`` view (one query per frame).
-Definitions (docs/ANALYSIS.md, "Communication"):
+Every figure is computed in DuckDB SQL: one query over the store's ``events`` view gathers the
+run's collectives with their hidden time and phase (cached per run), and each frame aggregates
+that table (:mod:`stepscope.analysis._local`). Definitions (docs/ANALYSIS.md, "Communication"):
 
 - A collective is one communication *kernel* (``kind = 'kernel' AND category = 'communication'``):
-  its duration on a rank includes the time it waited for the other ranks to arrive.
+  its duration on a rank includes the time it waited for the other ranks to arrive. In a gloo
+  run, gloo's worker-thread annotations (``gloo:all_reduce``) stand for the transfers.
 - ``bytes`` is the nccl-tests message size S that the store derives (``max(in, out) x element
   size``). ``algbw_gbps = bytes / dur_ns`` (bytes per ns is GB/s with GB = 1e9) and
   ``busbw_gbps = algbw_gbps x factor`` with nccl-tests' factors for ``n = group_size``:
@@ -500,12 +502,15 @@ def exposed_rule(results: Results) -> Iterator[Finding]:
         if pct is None or pct < EXPOSED_PCT_WARN:
             continue
         group = row["pg_desc"] or row["pg_name"] or "unknown"
+        phase = row["phase"]
+        named = phase in ("forward", "backward", "optimizer")
+        where = f"in {phase}" if named else ("outside forward/backward/optimizer" if phase else "in an unknown phase")
         yield Finding(
             Severity.WARNING,
             "comm.exposed",
-            f"{row['collectives']} in {row['phase'] or 'unknown phase'} exposed {pct:.0f}% of step time on "
+            f"{row['collectives']} {where} exposed {pct:.0f}% of step time on "
             f"rank {row['rank']} (process group {group}; {row['hidden_pct']:.0f}% hidden under compute): "
-            f"overlap with {row['phase'] or 'compute'} is poor",
+            f"overlap with {phase if named else 'compute'} is poor",
             {"rank": row["rank"], "pg_name": row["pg_name"], "pg_desc": row["pg_desc"], "phase": row["phase"],
              "exposed_ns": row["exposed_ns"], "hidden_pct": row["hidden_pct"], "exposed_pct_of_steps": pct},
         )
