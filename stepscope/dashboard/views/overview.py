@@ -160,7 +160,7 @@ if not findings:
 by_rule: dict[str, list] = {}
 for f in findings:
     by_rule.setdefault(f.rule, []).append(f)
-for rule_id, group in by_rule.items():
+for rule_id, group in sorted(by_rule.items(), key=lambda item: item[1][0].severity.rank):  # worst first
     first = group[0]
     more = f"  (and {len(group) - 1} more like it)" if len(group) > 1 else ""
     with findings_slot.expander(f"{first.message}{more}", icon=SEVERITY_ICON.get(first.severity.value)):
