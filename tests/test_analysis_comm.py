@@ -196,22 +196,42 @@ LATE_US = 5.0
 EARLY_US = -3.0
 
 
+RANK2_LATE_US = 2.0
+
+
+def _shift(rank: int, i: int) -> float:
+    """Injected arrival of collective ``i`` on ``rank`` (us after rank 0)."""
+    if rank == 1:
+        return EARLY_US if i % 4 == 3 else LATE_US
+    return RANK2_LATE_US if rank == 2 else 0.0
+
+
 @pytest.fixture(scope="module")
 def skewed_run(tmp_path_factory, shared_traces: Path):
     """Rank 0: nccl_data as recorded. Rank 1: the same trace, every collective starting 5 us
-    late, except every 4th starting 3 us early. Rank 2: every collective 5 us late, compute
-    kernels 1.5x longer (a compute straggler)."""
+    late, except every 4th starting 3 us early (a straggler, last at 16 of 21). Rank 2: every
+    collective 2 us late (last at the other 5), compute kernels 1.5x longer (a compute straggler)."""
     doc = load_raw(shared_traces / NCCL)
     folder = tmp_path_factory.mktemp("skewed")
     paths = [
         shared_traces / NCCL,
-        rank_copy(doc, 1, lambda i: EARLY_US if i % 4 == 3 else LATE_US, folder / "r1.json.gz"),
-        rank_copy(doc, 2, lambda i: LATE_US, folder / "r2.json.gz", stretch_compute=1.5),
+        rank_copy(doc, 1, lambda i: _shift(1, i), folder / "r1.json.gz"),
+        rank_copy(doc, 2, lambda i: _shift(2, i), folder / "r2.json.gz", stretch_compute=1.5),
     ]
     store_dir = folder / "store"
     report = ingest_paths(paths, store_dir, "skew")
     assert report.ok, report.errors
     return open_store(store_dir), [load_raw(p) for p in paths]
+
+
+@pytest.fixture(scope="module")
+def alternating_run(tmp_path_factory, shared_traces: Path):
+    """Rank 0 as recorded; rank 1 alternately 3 us early and 5 us late, same compute."""
+    doc = load_raw(shared_traces / NCCL)
+    folder = tmp_path_factory.mktemp("alternating")
+    alternating = rank_copy(doc, 1, lambda i: LATE_US if i % 2 else EARLY_US, folder / "alt.json.gz")
+    assert ingest_paths([shared_traces / NCCL, alternating], folder / "store", "alt").ok
+    return open_store(folder / "store")
 
 
 def test_instances_skew_and_last_rank_match_the_injected_shifts(skewed_run) -> None:
@@ -223,56 +243,34 @@ def test_instances_skew_and_last_rank_match_the_injected_shifts(skewed_run) -> N
     for i, row in enumerate(rows):
         s = [starts[r][i] for r in range(3)]
         assert row["start_skew_ns"] == max(s) - min(s)
-        shifts = (0.0, EARLY_US if i % 4 == 3 else LATE_US, LATE_US)
+        shifts = [_shift(r, i) for r in range(3)]
         # the injected skew, to within the float rounding of ts in the JSON
         assert abs(row["start_skew_ns"] - (max(shifts) - min(shifts)) * 1000) <= 1
         late = [r for r in range(3) if s[r] == max(s)]
         assert row["last_rank"] == (late[0] if len(late) == 1 else None)
+        assert row["last_rank"] == max(range(3), key=lambda r: shifts[r])
         assert row["min_dur_ns"] == min(durs[r][i] for r in range(3))
         assert row["dur_spread_ns"] == max(durs[r][i] for r in range(3)) - row["min_dur_ns"]
-    # every 4th: rank 1 early, rank 2 alone last; otherwise ranks 1 and 2 tie unless rounding splits them
-    assert all(rows[i]["last_rank"] == 2 for i in range(3, 21, 4))
 
 
 def test_arrivals_and_straggler_rule(skewed_run) -> None:
+    """3 ranks: chance 1/3, the rule fires at >= 66.7%; rank 1 is last at 16 of 21 (76%)."""
     store, _ = skewed_run
     rows = {r["rank"]: r for r in rank_arrivals(store, "skew").to_pylist()}
-    instances = collective_instances(store, "skew").to_pylist()
-    last = Counter(r["last_rank"] for r in instances)
-    for rank in (0, 1, 2):
-        assert rows[rank]["instances"] == 21
-        assert rows[rank]["last_count"] == last.get(rank, 0)
-    assert rows[0]["last_count"] == 0
-    result = comm_section(store, "skew", None)
-    found = evaluate({"comm": result}, _rules("comm.straggler"))
-    suspects = {f.evidence["rank"] for f in found}
-    # rank 2 is last alone at the 5 instances where rank 1 came early, and ties elsewhere:
-    # the rule fires only if it is last at >= 66.7% (3 ranks: chance 1/3, halfway to always).
-    expected = {r for r, row in rows.items() if 100 * row["last_count"] / 21 >= 100 * (1 / 3 + (2 / 3) / 2)}
-    assert suspects == expected
-
-
-def test_straggler_rule_fires_on_a_consistent_late_rank(tmp_path, shared_traces: Path) -> None:
-    doc = load_raw(shared_traces / NCCL)
-    late = rank_copy(doc, 1, lambda i: LATE_US, tmp_path / "late.json.gz")
-    store_dir = tmp_path / "store"
-    assert ingest_paths([shared_traces / NCCL, late], store_dir, "late").ok
-    store = open_store(store_dir)
-    found = evaluate({"comm": comm_section(store, "late", None)}, _rules("comm.straggler"))
+    assert [(r, rows[r]["instances"], rows[r]["last_count"]) for r in (0, 1, 2)] == [
+        (0, 21, 0), (1, 21, 16), (2, 21, 5)]
+    found = evaluate({"comm": comm_section(store, "skew", None)}, _rules("comm.straggler"))
     assert [f.evidence["rank"] for f in found] == [1]
-    assert found[0].evidence["last_pct"] == 100.0 and found[0].evidence["instances"] == 21
+    assert found[0].evidence["last_pct"] == pytest.approx(100 * 16 / 21)
+    # 7 collectives per step; rank 1 is last at 5 or 6 of them in every step
     assert found[0].evidence["steps_last_most"] == 3 == found[0].evidence["steps_with_instances"]
+    assert found[0].message.startswith("rank 1 arrives last at 76% of 21 collectives")
 
 
-def test_straggler_rule_quiet_when_arrivals_alternate(tmp_path, shared_traces: Path) -> None:
-    doc = load_raw(shared_traces / NCCL)
-    alternating = rank_copy(doc, 1, lambda i: LATE_US if i % 2 else EARLY_US, tmp_path / "alt.json.gz")
-    store_dir = tmp_path / "store"
-    assert ingest_paths([shared_traces / NCCL, alternating], store_dir, "alt").ok
-    store = open_store(store_dir)
-    rows = {r["rank"]: r for r in rank_arrivals(store, "alt").to_pylist()}
+def test_straggler_rule_quiet_when_arrivals_alternate(alternating_run) -> None:
+    rows = {r["rank"]: r for r in rank_arrivals(alternating_run, "alt").to_pylist()}
     assert rows[1]["last_count"] == 10 and rows[0]["last_count"] == 11
-    assert evaluate({"comm": comm_section(store, "alt", None)}, _rules("comm.straggler")) == []
+    assert evaluate({"comm": comm_section(alternating_run, "alt", None)}, _rules("comm.straggler")) == []
 
 
 def test_skew_summary(skewed_run) -> None:
@@ -280,7 +278,7 @@ def test_skew_summary(skewed_run) -> None:
     rows = skew_summary(store, "skew").to_pylist()
     assert {(r["collective"], r["instances"]) for r in rows} == {("all_reduce", 15), ("broadcast", 6)}
     for r in rows:
-        assert abs(r["max_start_skew_ns"] - (LATE_US - EARLY_US) * 1000) <= 1
+        assert abs(r["max_start_skew_ns"] - (LATE_US - 0.0) * 1000) <= 1
 
 
 def test_compute_straggler_rule(skewed_run) -> None:
@@ -293,12 +291,8 @@ def test_compute_straggler_rule(skewed_run) -> None:
     assert [f.evidence["rank"] for f in found] == [2]
 
 
-def test_compute_straggler_rule_quiet_on_equal_ranks(tmp_path, shared_traces: Path) -> None:
-    doc = load_raw(shared_traces / NCCL)
-    same = rank_copy(doc, 1, lambda i: LATE_US, tmp_path / "same.json.gz")
-    store_dir = tmp_path / "store"
-    assert ingest_paths([shared_traces / NCCL, same], store_dir, "same").ok
-    result = comm_section(open_store(store_dir), "same", None)
+def test_compute_straggler_rule_quiet_on_equal_ranks(alternating_run) -> None:
+    result = comm_section(alternating_run, "alt", None)
     assert evaluate({"comm": result}, _rules("comm.compute_straggler")) == []
 
 
