@@ -90,7 +90,9 @@ def test_profile_single_process(tmp_path: Path) -> None:
 
 def test_schedule_is_bounded() -> None:
     with pytest.raises(UsageError, match="repeat"):
-        Schedule(repeat=0)
+        stepscope.profile(store="unused", repeat=0)
+    with pytest.raises(UsageError, match="convert"):
+        stepscope.profile(store="unused", convert="later")
     with pytest.raises(UsageError, match="active"):
         Schedule(active=0)
     assert Schedule(wait=5, warmup=2, active=3, repeat=2, skip_first=1).last_step == 20

@@ -22,8 +22,9 @@ from stepscope.collector.faults import FaultPolicy
 from stepscope.collector.memory_roles import RoleRecorder, RoleRow, roles_table
 from stepscope.collector.memory_snapshot import SnapshotRecorder, snapshot_table
 from stepscope.collector.metadata import run_metadata
-from stepscope.collector.sink import StoreSink
+from stepscope.collector.sink import CONVERT_MODES, StoreSink
 from stepscope.collector.worker import DEFAULT_FLUSH_TIMEOUT_S, BackgroundWriter
+from stepscope.errors import UsageError
 
 
 class TraceHandler:
@@ -43,6 +44,8 @@ class TraceHandler:
         convert: str = "process",
         flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
     ) -> None:
+        if convert not in CONVERT_MODES:
+            raise UsageError(f"convert must be one of {', '.join(CONVERT_MODES)}, not {convert!r}")
         self.policy = FaultPolicy(strict)
         self.writer = BackgroundWriter(self.policy)
         self.flush_timeout_s = flush_timeout_s

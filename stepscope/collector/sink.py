@@ -50,10 +50,6 @@ class StoreSink:
     convert: str = "process"
     convert_timeout_s: float = 3600.0
 
-    def __post_init__(self) -> None:
-        if self.convert not in CONVERT_MODES:
-            raise ValueError(f"convert must be one of {CONVERT_MODES}, not {self.convert!r}")
-
     @property
     def run(self) -> str:
         """The run's id in the store (its name reduced to safe characters)."""
