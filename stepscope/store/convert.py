@@ -145,10 +145,12 @@ def _element_count(dims_raw: msgspec.Raw) -> int | None:
 
 
 def _first_input_type(types_raw: msgspec.Raw) -> str | None:
+    """Element type of the first input, when it is one (``c10d::allreduce_`` records only
+    ``TensorList`` there: its dtype is unknown, not ``TensorList``)."""
     if not types_raw:
         return None
     types = msgspec.json.decode(types_raw)
-    if isinstance(types, list) and types and isinstance(types[0], str) and types[0]:
+    if isinstance(types, list) and types and isinstance(types[0], str) and dtype_bytes(types[0]):
         return types[0]
     return None
 
