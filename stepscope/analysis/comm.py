@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from stepscope.analysis._local import local_sql
 from stepscope.analysis._sql import rank_filter
-from stepscope.analysis.absent import NO_COMMUNICATION, Absent, Maybe
+from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import Finding, Results, Severity, rule
 from stepscope.analysis.overlap import hidden_ctes
@@ -447,6 +447,8 @@ class CommResult:
     ranks: int
 
 
+NO_COLLECTIVES = "no communication kernels or gloo transfers in the traces of this run (or of the ranks asked for)"
+
 _ONE_RANK = "one rank in this run: cross-rank skew and stragglers need two or more"
 
 
@@ -468,7 +470,7 @@ def comm_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Mayb
     hidden under compute), and across ranks: start skew, last arrivals, compute per rank."""
     kernels = _kernels_table(store, run, ranks)
     if kernels.num_rows == 0:
-        return Absent(NO_COMMUNICATION)
+        return Absent(NO_COLLECTIVES)
     n_ranks = _rank_count(store, run, ranks)
     multi = n_ranks >= 2
     return CommResult(

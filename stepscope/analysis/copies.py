@@ -44,7 +44,7 @@ P100, T4 and Turing boards are Gen3; A100/A30/A40/A10, MI100/MI210/MI250 Gen4; H
 B200 and MI300 Gen5; Grace Hopper/Blackwell superchips use NVLink-C2C. A GPU not listed gets
 no peak."""
 
-NO_COPIES = "no memcpy events in this rank's trace"
+NO_COPIES = "no memcpy events in the traces of this run (or of the ranks asked for)"
 
 
 def _link_values() -> str:

@@ -36,7 +36,8 @@ from stepscope.analysis.findings import Finding, Results, Severity, rule
 from stepscope.analysis.phase import phase_cte
 from stepscope.analysis.sections import SQLStore, section
 
-NO_MEMORY_EVENTS = "no [memory] events in this rank's trace (record with profile_memory=True)"
+NO_MEMORY_EVENTS = ("no [memory] events in the traces of this run or of the ranks asked for "
+                    "(record with profile_memory=True)")
 NO_ROLES = "no memory roles recorded (the collector records them when given model= / optimizer=)"
 NO_SNAPSHOT = "no CUDA memory snapshot recorded (the collector takes one on CUDA only)"
 
