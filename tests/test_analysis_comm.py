@@ -473,3 +473,37 @@ def test_frames_are_typed_and_sections_serialise(ingested, relative) -> None:
                           ("memory", memory.memory_section)):
         result = compute(store, "t", None)
         json.dumps(jsonable(result if isinstance(result, Absent) else SECTIONS[name].to_json(result)))
+
+
+def test_instances_matched_by_sequence_number_when_recorded(tmp_path, shared_traces: Path) -> None:
+    """Newer traces number each collective of a group (``Seq``). With it, matching ignores steps
+    and order: here rank 1 numbers its collectives from the last, so instance ``n`` pairs rank 0's
+    n-th kernel with rank 1's (20-n)-th, as the numbers say (order matching would pair n with n),
+    and pairs that join different collectives are flagged."""
+    doc = load_raw(shared_traces / NCCL)
+    kernels = comm_kernels(doc)
+    for i, k in enumerate(kernels):
+        k["args"]["Seq"] = i
+    top = {k: v for k, v in doc.items() if k != "traceEvents"}
+    r0 = write_trace(tmp_path / "r0.json.gz", doc["traceEvents"], **top)
+    for i, k in enumerate(kernels):
+        k["args"]["Seq"] = len(kernels) - 1 - i
+    r1 = rank_copy(doc, 1, lambda i: LATE_US, tmp_path / "r1.json.gz")
+    assert ingest_paths([r0, r1], tmp_path / "store", "seq").ok
+    store = open_store(tmp_path / "store")
+    rows = collective_instances(store, "seq").to_pylist()
+    assert len(rows) == 21 and {r["matched_by"] for r in rows} == {"comm_seq"}
+    k0, k1 = comm_kernels(load_raw(r0)), comm_kernels(load_raw(r1))
+    d0, d1 = load_raw(r0), load_raw(r1)
+    names = {"allreduce": "all_reduce", "broadcast": "broadcast"}
+    for row in rows:
+        n = row["match_seq"]
+        a, b = k0[n], k1[20 - n]
+        # ts near 4.5e12 us: Python's float parse can round each start 1 ns off the store's exact
+        # decimal parse, so a difference of two starts may be 2 ns off
+        assert abs(row["start_skew_ns"] - abs(span_ns(d1, b)[0] - span_ns(d0, a)[0])) <= 2
+        same = a["args"]["Collective name"] == b["args"]["Collective name"]
+        assert row["collective_mismatch"] == (not same)
+        if same:
+            assert row["collective"] == names[a["args"]["Collective name"]]
+    assert any(r["collective_mismatch"] for r in rows)
