@@ -324,3 +324,23 @@ def test_query_params_cannot_leave_the_store(sample_store: Path, tmp_path: Path,
     assert "store" not in at.query_params
     for steps in ("100-200", "5-2", "-3--1", "1,2,3"):
         assert_clean(open_page(sample_store, "overview", monkeypatch, steps=steps))
+
+
+def test_overview_plots_every_timed_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the collector's step_times, the step-time chart's table holds every timed step."""
+    import pyarrow as pa
+
+    from stepscope.store.schema import STEP_TIMES
+    from stepscope.store.writer import write_partition
+
+    root = tmp_path / "s"
+    report = ingest_paths([REPO / "sample_traces" / "cpu-transformer"], root, "cpu")
+    source = report.stored[0].source
+    rows = [{"source": source, "step": s, "start_ns": s * 10**8, "wall_ns": (50 + s) * 10**6, "gpu_ns": None,
+             "profiled": s in (7, 8), "tokens": 1024, "samples": 4} for s in range(12)]
+    write_partition(root, "step_times", "cpu", 0, source, pa.Table.from_pylist(rows, schema=STEP_TIMES))
+    at = open_page(root, "overview", monkeypatch)
+    assert_clean(at)
+    shown = table_with(at, "step", "wall_ms", "profiled")
+    assert sorted(shown["step"]) == list(range(12))
+    assert sorted(shown["wall_ms"]) == [50.0 + s for s in range(12)]
