@@ -259,6 +259,13 @@ ORDER BY r.rank, r.device_type, r.device, r.size_rank
     return store.sql(query, {**params, "top": int(top)})
 
 
+def _has_roles(store: SQLStore, ranks_sql: str, params: dict[str, object]) -> bool:
+    """Whether the collector recorded any storage role for these ranks of the run."""
+    return bool(store.sql(
+        f"SELECT count(*) AS n FROM memory_roles WHERE run = $run AND {ranks_sql}", params
+    ).to_pylist()[0]["n"])
+
+
 @cached_frame("memory_roles_at_peak")
 def roles_at_peak(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
     """Bytes live at each (rank, device)'s highest peak by role: ``parameter``, ``gradient``,
@@ -269,10 +276,7 @@ def roles_at_peak(store: SQLStore, run: str, ranks: Sequence[int] | None = None)
     :class:`Absent` when no role was recorded."""
     ranks_sql, params = _params(run, ranks)
     roles_ranks_sql, _ = _params(run, ranks, "r.rank")
-    has_roles = store.sql(
-        f"SELECT count(*) AS n FROM memory_roles WHERE run = $run AND {ranks_sql}", params
-    ).to_pylist()[0]["n"]
-    if not has_roles:
+    if not _has_roles(store, ranks_sql, params):
         return Absent(NO_ROLES)
     query = f"""
 WITH {_ALLOCS_CTES.format(ranks_sql=ranks_sql)},
@@ -323,10 +327,7 @@ def role_allocations(store: SQLStore, run: str, ranks: Sequence[int] | None = No
     optimizer state allocated before the trace do not (``roles_at_peak.recorded_bytes`` has
     them). :class:`Absent` when no role was recorded."""
     ranks_sql, params = _params(run, ranks)
-    has_roles = store.sql(
-        f"SELECT count(*) AS n FROM memory_roles WHERE run = $run AND {ranks_sql}", params
-    ).to_pylist()[0]["n"]
-    if not has_roles:
+    if not _has_roles(store, ranks_sql, params):
         return Absent(NO_ROLES)
     query = f"""
 WITH {_ALLOCS_CTES.format(ranks_sql=ranks_sql)},
