@@ -184,3 +184,25 @@ def test_html_report_is_self_contained(gate_store: Path, tmp_path: Path, capsys:
     assert not re.search(r"""(src|href)\s*=\s*["']https?:""", page)
     assert page.count("vegaEmbed('#chart") == 2  # step breakdown and the comparison
     assert "exposed communication: 14.5 ms -&gt; 20.4 ms" in page  # the violated budget, as in the Markdown
+
+
+@pytest.mark.parametrize("where", ["stepscope.toml", "pyproject.toml"])
+def test_budgets_come_from_the_project_config(gate_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str], where: str) -> None:
+    """A project budget in stepscope.toml or [tool.stepscope] applies; --fail-on overrides it."""
+    header = "[budgets]" if where == "stepscope.toml" else "[tool.stepscope.budgets]"
+    (tmp_path / where).write_text(f'{header}\ncomm_exposed = "+2ms"\n', encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    code, doc = _compare(gate_store, "control", "no_overlap", capsys=capsys)
+    assert code == 1 and _budget(doc, "comm_exposed")["status"] == "fail"
+    code, doc = _compare(gate_store, "control", "no_overlap", "--fail-on", "comm_exposed:+1000ms", capsys=capsys)
+    assert code == 0 and _budget(doc, "comm_exposed")["status"] == "pass"
+
+
+def test_unreadable_candidate_exits_3(gate_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "candidate"
+    broken.mkdir()
+    (broken / "rank0.json.gz").write_bytes(b"\x1f\x8b\x08\x00 cut short")
+    code = main(["compare", "control", str(broken), "--store", str(gate_store)])
+    err = capsys.readouterr().err
+    assert code == 3 and "rank0.json.gz" in err and ("truncated" in err or "corrupt" in err)
