@@ -16,6 +16,8 @@ import pyarrow as pa
 
 from stepscope.analysis.absent import NO_GPU_EVENTS, NO_STEPS, Absent, jsonable
 from stepscope.analysis.breakdown import (
+    HOST_BREAKDOWN_COLUMNS,
+    STEP_BREAKDOWN_COLUMNS,
     absence,
     host_breakdown,
     rank_status,
@@ -40,28 +42,15 @@ TOTALS_KEYS = (
     "comm_comp_overlap_ns",
 )
 GPU_STEP_KEYS = (
-    "compute_ns",
-    "comm_exposed_ns",
+    *STEP_BREAKDOWN_COLUMNS,
     "comm_overlapped_ns",
-    "memcpy_h2d_exposed_ns",
-    "memcpy_d2h_exposed_ns",
-    "memcpy_d2d_exposed_ns",
-    "memcpy_other_exposed_ns",
-    "memset_exposed_ns",
-    "idle_ns",
     "memcpy_overlapped_ns",
     "idle_host_wait_ns",
     "idle_kernel_wait_ns",
     "idle_other_ns",
 )
-HOST_STEP_KEYS = (
-    "data_loading_ns",
-    "optimizer_ns",
-    "compute_ops_ns",
-    "communication_ops_ns",
-    "other_ns",
-    "communication_overlapped_ns",
-)
+"""Per-step keys of GPU runs: the disjoint parts, then the hidden parts and the idle causes."""
+HOST_STEP_KEYS = (*HOST_BREAKDOWN_COLUMNS, "communication_overlapped_ns")
 
 
 @dataclass(frozen=True)
