@@ -37,27 +37,26 @@ ops = ctx.analysis("kernels.top_cpu_ops", n=TOP)
 ranks = list(ctx.ranks)
 rank = st.selectbox("Rank", ranks, key="kernels_rank") if len(ranks) > 1 else ranks[0]
 
-st.subheader(f"Top {TOP} GPU kernels, copies and memsets")
-if shown(kernels, "Top kernels"):
-    data = ns_to_ms(frame(kernels))
-    data = data[data["rank"] == rank]
-    if data.empty:
-        st.info(f"Rank {rank} has no GPU work.")
-    else:
-        top_chart(data, f"rank {rank}: GPU time by name")
-        with st.expander("Table"):
-            data_table(data)
 
-st.subheader(f"Top {TOP} CPU operators (inclusive time)")
-if shown(ops, "Top CPU ops"):
-    data = ns_to_ms(frame(ops))
+def top_section(result: object, heading: str, what: str, empty: str, chart_title: str) -> None:
+    """One rank's top-N table of an analysis result: chart plus exact numbers."""
+    st.subheader(heading)
+    if not shown(result, what):
+        return
+    data = ns_to_ms(frame(result))
     data = data[data["rank"] == rank]
     if data.empty:
-        st.info(f"Rank {rank} has no CPU operator events.")
-    else:
-        top_chart(data, f"rank {rank}: CPU operator time by name")
-        with st.expander("Table"):
-            data_table(data)
+        st.info(f"Rank {rank} has no {empty}.")
+        return
+    top_chart(data, f"rank {rank}: {chart_title}")
+    with st.expander("Table"):
+        data_table(data)
+
+
+top_section(kernels, f"Top {TOP} GPU kernels, copies and memsets", "Top kernels", "GPU work",
+            "GPU time by name")
+top_section(ops, f"Top {TOP} CPU operators (inclusive time)", "Top CPU ops", "CPU operator events",
+            "CPU operator time by name")
 
 st.subheader("Launch overhead")
 launch = ctx.analysis("kernels.launch_overhead")
