@@ -38,6 +38,7 @@ from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import Finding, Results, Severity, rule
 from stepscope.analysis.overlap import hidden_ctes
+from stepscope.analysis.parts import COMPUTE, COMPUTE_OPS
 from stepscope.analysis.phase import gpu_phase_ctes
 from stepscope.analysis.sections import SQLStore, section
 
@@ -402,8 +403,8 @@ ORDER BY k.rank, m.collective
 def rank_compute(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
     """Per rank: mean compute time per step and its excess over the median rank, in percent.
 
-    Compute is ``compute_ns`` of the GPU step breakdown (|U(compute kernels)|); in a run
-    without GPU events (CPU training, gloo) it is ``compute_ops_ns`` of the host breakdown
+    Compute is the compute part of the GPU step breakdown (|U(compute kernels)|); in a run
+    without GPU events (CPU training, gloo) it is the compute-ops part of the host breakdown
     (``compute_source`` says which). A compute straggler inside DDP's backward hides from
     per-rank step times, because every rank waits in the same all-reduce; its compute time
     still shows it.
@@ -411,12 +412,12 @@ def rank_compute(store: SQLStore, run: str, ranks: Sequence[int] | None = None) 
     from stepscope.analysis.breakdown import host_breakdown, step_breakdown
 
     steps = step_breakdown(store, run, ranks)
-    source, column = "gpu", "compute_ns"
+    source, column = "gpu", COMPUTE.column
     if isinstance(steps, Absent):
         host = host_breakdown(store, run, ranks)
         if isinstance(host, Absent):
             return Absent(f"{steps.reason}; {host.reason}")
-        steps, source, column = host, "host", "compute_ops_ns"
+        steps, source, column = host, "host", COMPUTE_OPS.column
     # A few rows per rank (one per step): grouped with Arrow, not another trip through the store.
     per_rank = steps.group_by("rank").aggregate(
         [("step", "count"), (column, "mean"), ("dur_ns", "mean")]

@@ -10,9 +10,12 @@ import argparse
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepscope.errors import UsageError
+
+if TYPE_CHECKING:
+    from stepscope.analysis.parts import Breakdown
 
 FORMATS = ("table", "json", "markdown")
 
@@ -84,41 +87,30 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-_STEP_COLUMNS = (
-    ("compute", "compute_ns"),
-    ("comm", "comm_exposed_ns"),
-    ("h2d", "memcpy_h2d_exposed_ns"),
-    ("d2h", "memcpy_d2h_exposed_ns"),
-    ("d2d", "memcpy_d2d_exposed_ns"),
-    ("cp-other", "memcpy_other_exposed_ns"),
-    ("memset", "memset_exposed_ns"),
-    ("idle", "idle_ns"),
-    ("(host wait)", "idle_host_wait_ns"),
-    ("(comm hidden)", "comm_overlapped_ns"),
-)
-_HOST_COLUMNS = (
-    ("data", "data_loading_ns"),
-    ("optimizer", "optimizer_ns"),
-    ("compute ops", "compute_ops_ns"),
-    ("comm ops", "communication_ops_ns"),
-    ("other", "other_ns"),
-)
+def _table_columns(breakdown: Breakdown) -> list[tuple[str, str]]:
+    """(header, key) of a breakdown's terminal columns: each part followed by its sub-parts, then
+    the hidden parts, where the catalogue (:mod:`stepscope.analysis.parts`) gives a header."""
+    entries = [*breakdown.with_sub_parts(), *breakdown.hidden]
+    return [(e.short, e.column) for e in entries if e.short]
 
 
 def _rank_blocks(rank: dict[str, Any]) -> Iterator[Block]:
+    from stepscope.analysis.parts import GPU, HOST
+
+    step_columns, host_columns = _table_columns(GPU), _table_columns(HOST)
     r = rank["rank"]
     reasons = rank.get("absent_reasons", {})
     steps = rank.get("steps")
     if steps is None:
         yield (f"rank {r}: steps", ["absent"], [[reasons.get("steps", "")]])
     else:
-        gpu = any(s.get("compute_ns") is not None for s in steps)
+        gpu = any(s.get(GPU.columns[0]) is not None for s in steps)  # GPU parts are null without GPU events
         if gpu:
-            cols = ["step", "dur ms"] + [c for c, _ in _STEP_COLUMNS]
-            rows = [[str(s["step"]), _ms(s["dur_ns"])] + [_pct(s[k], s["dur_ns"]) for _, k in _STEP_COLUMNS] for s in steps]
+            cols = ["step", "dur ms"] + [c for c, _ in step_columns]
+            rows = [[str(s["step"]), _ms(s["dur_ns"])] + [_pct(s[k], s["dur_ns"]) for _, k in step_columns] for s in steps]
             yield (f"rank {r}: GPU time per step (% of step; parts sum to 100%)", cols, rows)
-        cols = ["step", "cpu ms"] + [c for c, _ in _HOST_COLUMNS]
-        rows = [[str(s["step"]), _ms(s["host"]["dur_ns"])] + [_pct(s["host"][k], s["host"]["dur_ns"]) for _, k in _HOST_COLUMNS]
+        cols = ["step", "cpu ms"] + [c for c, _ in host_columns]
+        rows = [[str(s["step"]), _ms(s["host"]["dur_ns"])] + [_pct(s["host"][k], s["host"]["dur_ns"]) for _, k in host_columns]
                 for s in steps]
         yield (f"rank {r}: host time per step (% of ProfilerStep)", cols, rows)
     totals = rank.get("totals")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from typing import Any
 
+from stepscope.analysis.parts import Part
 from stepscope.errors import UsageError
 from stepscope.render.compare_tables import Table
 
@@ -25,16 +27,19 @@ def javascript_bundle() -> str:
     return vl_convert.javascript_bundle(vl_version=vl_version_for_vl_convert())
 
 
-def breakdown_chart(rows: list[dict[str, Any]], parts: list[tuple[str, str]]) -> dict[str, Any]:
-    """Stacked bars: each step's window split into its parts (ms), one bar per rank and step."""
+def breakdown_chart(rows: list[dict[str, Any]], parts: Sequence[Part]) -> dict[str, Any]:
+    """Stacked bars: each step's window split into its parts (ms), one bar per rank and step, in
+    the parts' own colours (the dashboard's)."""
     import altair as alt
     import pandas as pd
 
-    long = [{"step": f"r{r['rank']} s{r['step']}", "part": label, "ms": r[column] / 1e6}
-            for r in rows for column, label in parts]
+    long = [{"step": f"r{r['rank']} s{r['step']}", "part": p.label, "ms": r[p.column] / 1e6}
+            for r in rows for p in parts]
+    labels = [p.label for p in parts]
     chart = alt.Chart(pd.DataFrame(long)).mark_bar().encode(
         x=alt.X("step:N", title="rank / step", sort=None), y=alt.Y("ms:Q", title="ms"),
-        color=alt.Color("part:N", sort=[label for _, label in parts]), tooltip=["step", "part", "ms"],
+        color=alt.Color("part:N", sort=labels, scale=alt.Scale(domain=labels, range=[p.color for p in parts])),
+        tooltip=["step", "part", "ms"],
     ).properties(title="Where each step's time goes", width=600, height=300)
     return chart.to_dict()
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.compare.comparability import Check, comparability
 from stepscope.analysis.compare.metrics import (
-    STEP_PARTS,
     RunFacts,
     NamedStat,
     RunProfile,
@@ -21,6 +20,7 @@ from stepscope.analysis.compare.metrics import (
 )
 from stepscope.analysis.compare.stats import MannWhitney, Spread, mann_whitney_greater, mann_whitney_less, spread
 from stepscope.analysis.findings import Finding, Severity
+from stepscope.analysis.parts import GPU
 from stepscope.analysis.sections import SQLStore
 
 ALPHA = 0.05
@@ -250,9 +250,9 @@ def compare_profiles(base: RunProfile, cand: RunProfile, *, alpha: float = ALPHA
     source = base.step_source if base.step_source == cand.step_source else "mixed"
     metrics = [_metric("step_time", "step time", "ns", "median", base.samples["step_time"],
                        cand.samples["step_time"], base.step_source)]
-    for metric, column, label in STEP_PARTS:
-        metrics.append(_metric(metric, label, "ns", "median", base.samples[metric], cand.samples[metric],
-                               f"step_breakdown.{column}"))
+    for metric, part in GPU.budget_metrics().items():
+        metrics.append(_metric(metric, part.label, part.unit, "median", base.samples[metric], cand.samples[metric],
+                               f"step_breakdown.{part.column}"))
     metrics.append(_metric("peak_memory", f"peak memory ({base.peak_memory_device or 'n/a'})", "bytes", "max",
                            base.peak_memory, cand.peak_memory, "memory.step_peaks.peak_allocated_bytes"))
     kernels = _named(base.kernels, cand.kernels)
