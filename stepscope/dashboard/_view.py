@@ -18,18 +18,6 @@ NS_PER_MS = 1e6
 GIB = 1024**3
 MB = 1e6
 
-PART_COLORS = {
-    "compute": "#4C78A8",
-    "exposed communication": "#E45756",
-    "exposed H2D copies": "#F58518",
-    "exposed D2H copies": "#EECA3B",
-    "exposed D2D copies": "#B279A2",
-    "exposed other copies": "#9D755D",
-    "exposed memset": "#72B7B2",
-    "idle": "#D3D3D3",
-}
-"""Breakdown part label -> colour, so a part has the same colour on every page."""
-
 
 def shown(value: Any, what: str = "") -> bool:
     """True when ``value`` can be drawn; otherwise say why (an :class:`Absent`) and return False."""
