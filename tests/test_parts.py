@@ -31,7 +31,7 @@ DOCS = REPO / "docs"
 
 
 def _part(name: str, *claims: str, **kw: Any) -> Part:
-    return Part(name, name.replace("_", " "), "#000000", f"{name} runs", claims=claims, **kw)
+    return Part(name, name.replace("_", " "), f"{name} runs", color="#000000", claims=claims, **kw)
 
 
 def test_catalogue_is_ordered_and_complete() -> None:
@@ -190,7 +190,8 @@ def test_compare_metrics_and_budgets_follow_the_catalogue() -> None:
     assert [m.metric for m in metrics] == list(BUDGET_METRICS)
 
 
-def test_dashboard_charts_use_the_catalogue_labels_and_colours(monkeypatch: pytest.MonkeyPatch, tiny_store: Any) -> None:
+def test_dashboard_charts_use_the_catalogue_labels_and_colours(monkeypatch: pytest.MonkeyPatch,
+                                                              tiny_store: Any) -> None:
     """The Overview's stacked bars: legend domain and colours are the catalogue's, in its order."""
     pytest.importorskip("streamlit")
     import json

@@ -353,6 +353,7 @@ def rank_totals(
     docs/ANALYSIS.md for why that is not the default.
     """
     rf, extra = rank_filter(ranks)
+    compute, comm = _active(GPU, [COMPUTE]), _active(GPU, [COMM_EXPOSED])  # |U(compute)|, |U(communication)|
     query = f"""
     WITH {gpu_cte(rf, hta_scope=hta_scope)},
     win AS (SELECT rank, 0 AS step, min(t0) AS w0, max(t1) AS w1 FROM gpu GROUP BY rank),
@@ -361,9 +362,9 @@ def rank_totals(
     _tot AS (
         SELECT rank,
             {_ns("sum(len) FILTER (busy)", "gpu_busy_ns")},
-            {_ns(f"sum(len) FILTER ({_active(GPU, [COMPUTE])})", "compute_ns")},
-            {_ns(f"sum(len) FILTER ({_active(GPU, [COMM_EXPOSED])})", "comm_ns")},
-            {_ns(f"sum(len) FILTER ({_active(GPU, [COMPUTE])} AND {_active(GPU, [COMM_EXPOSED])})", "comm_comp_overlap_ns")}
+            {_ns(f"sum(len) FILTER ({compute})", "compute_ns")},
+            {_ns(f"sum(len) FILTER ({comm})", "comm_ns")},
+            {_ns(f"sum(len) FILTER ({compute} AND {comm})", "comm_comp_overlap_ns")}
         FROM seg GROUP BY rank
     ),
     _ranks AS (SELECT DISTINCT rank FROM sources WHERE run = $run AND {rf})

@@ -35,31 +35,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 @dataclass(frozen=True)
-class Part:
-    """One disjoint part of a step (or a sub-part of one).
-
-    ``name`` is the stable key: the ``step_breakdown`` column is ``<name>_ns``. ``label`` is how
-    people see it (dashboard legends, compare tables), ``short`` its terminal column header
-    (None: not a column of ``stepscope summary``'s table), ``color`` its colour on every chart,
-    ``definition`` the sentence docs/ANALYSIS.md shows. ``budget_metric`` names it in
-    ``stepscope compare`` and ``--fail-on`` (None: not compared).
-    """
+class _Entry:
+    """What every entry has: ``name``, the stable key (its column is ``<name>_ns``), ``label``,
+    how people see it (dashboard legends, compare tables), and ``definition``, the sentence
+    docs/ANALYSIS.md shows."""
 
     name: str
     label: str
-    color: str
     definition: str
-    short: str | None = None
-    claims: tuple[str, ...] = ()
-    """SQL predicates over an ``events`` row, one sweep class each, in priority order. Empty for
-    the last part of a breakdown (the time no class is active) and for sub-parts."""
-    budget_metric: str | None = None
-    sub_parts: tuple[Part, ...] = ()
-    """Splits of this part computed after the sweep, summing exactly to it."""
-    unit: str = "ns"
+    unit: ClassVar[str] = "ns"
+    """Every part is a time in integer nanoseconds."""
 
     @property
     def column(self) -> str:
@@ -68,20 +57,31 @@ class Part:
 
 
 @dataclass(frozen=True)
-class Hidden:
+class Part(_Entry):
+    """One disjoint part of a step (or a sub-part of one).
+
+    ``color``: its colour on every chart; ``short``: its terminal column header (None: not a
+    column of ``stepscope summary``'s table); ``budget_metric``: its name in ``stepscope
+    compare`` and ``--fail-on`` (None: not compared).
+    """
+
+    color: str
+    short: str | None = None
+    claims: tuple[str, ...] = ()
+    """SQL predicates over an ``events`` row, one sweep class each, in priority order. Empty for
+    the last part of a breakdown (the time no class is active) and for sub-parts."""
+    budget_metric: str | None = None
+    sub_parts: tuple[Part, ...] = ()
+    """Splits of this part computed after the sweep, summing exactly to it."""
+
+
+@dataclass(frozen=True)
+class Hidden(_Entry):
     """Time of ``of``'s classes while a class of ``under`` is active: overlap, not in the sum."""
 
-    name: str
-    label: str
-    definition: str
     of: tuple[Part, ...]
     under: tuple[Part, ...]
     short: str | None = None
-    unit: str = "ns"
-
-    @property
-    def column(self) -> str:
-        return f"{self.name}_{self.unit}"
 
 
 @dataclass(frozen=True)
@@ -173,33 +173,43 @@ def _category(name: str) -> str:
 
 # ---- GPU: TraceLens' gpu_timeline priority over the union of all streams ----
 
-COMPUTE = Part("compute", "compute", "#4C78A8", "a compute kernel runs (`category = compute`)",
-               short="compute", claims=(_category("compute"),), budget_metric="compute")
-COMM_EXPOSED = Part("comm_exposed", "exposed communication", "#E45756", "a communication kernel runs, no compute",
-                    short="comm", claims=(_category("communication"),), budget_metric="comm_exposed")
-MEMCPY_H2D_EXPOSED = Part("memcpy_h2d_exposed", "exposed H2D copies", "#F58518",
-                          "an H2D copy runs, no compute or communication",
-                          short="h2d", claims=(_category("memcpy_h2d"),), budget_metric="memcpy_h2d_exposed")
-MEMCPY_D2H_EXPOSED = Part("memcpy_d2h_exposed", "exposed D2H copies", "#EECA3B", "a D2H copy runs, none of the above",
-                          short="d2h", claims=(_category("memcpy_d2h"),), budget_metric="memcpy_d2h_exposed")
-MEMCPY_D2D_EXPOSED = Part("memcpy_d2d_exposed", "exposed D2D copies", "#B279A2",
-                          "a D2D (or peer) copy runs, none of the above",
-                          short="d2d", claims=(_category("memcpy_d2d"),), budget_metric="memcpy_d2d_exposed")
-MEMCPY_OTHER_EXPOSED = Part("memcpy_other_exposed", "exposed other copies", "#9D755D",
-                            "a copy of unknown direction runs, none of the above",
-                            short="cp-other", claims=(_category("memcpy_other"),), budget_metric="memcpy_other_exposed")
-MEMSET_EXPOSED = Part("memset_exposed", "exposed memsets", "#72B7B2", "a memset runs, none of the above",
-                      short="memset", claims=(_category("memset"),), budget_metric="memset_exposed")
+COMPUTE = Part(
+    "compute", "compute", "a compute kernel runs (`category = compute`)",
+    color="#4C78A8", short="compute", claims=(_category("compute"),), budget_metric="compute")
+COMM_EXPOSED = Part(
+    "comm_exposed", "exposed communication", "a communication kernel runs, no compute",
+    color="#E45756", short="comm", claims=(_category("communication"),), budget_metric="comm_exposed")
+MEMCPY_H2D_EXPOSED = Part(
+    "memcpy_h2d_exposed", "exposed H2D copies", "an H2D copy runs, no compute or communication",
+    color="#F58518", short="h2d", claims=(_category("memcpy_h2d"),), budget_metric="memcpy_h2d_exposed")
+MEMCPY_D2H_EXPOSED = Part(
+    "memcpy_d2h_exposed", "exposed D2H copies", "a D2H copy runs, none of the above",
+    color="#EECA3B", short="d2h", claims=(_category("memcpy_d2h"),), budget_metric="memcpy_d2h_exposed")
+MEMCPY_D2D_EXPOSED = Part(
+    "memcpy_d2d_exposed", "exposed D2D copies", "a D2D (or peer) copy runs, none of the above",
+    color="#B279A2", short="d2d", claims=(_category("memcpy_d2d"),), budget_metric="memcpy_d2d_exposed")
+MEMCPY_OTHER_EXPOSED = Part(
+    "memcpy_other_exposed", "exposed other copies", "a copy of unknown direction runs, none of the above",
+    color="#9D755D", short="cp-other", claims=(_category("memcpy_other"),), budget_metric="memcpy_other_exposed")
+MEMSET_EXPOSED = Part(
+    "memset_exposed", "exposed memsets", "a memset runs, none of the above",
+    color="#72B7B2", short="memset", claims=(_category("memset"),), budget_metric="memset_exposed")
 
-IDLE_HOST_WAIT = Part("idle_host_wait", "GPU idle: host wait", "#BDBDBD",
-                      "idle until work whose launch began after the gap started (the host was late), "
-                      "or before the first / after the last GPU work", short="(host wait)")
-IDLE_KERNEL_WAIT = Part("idle_kernel_wait", "GPU idle: kernel wait", "#D9D9D9",
-                        "idle for less than 30 us between queued work (launch latency)")
-IDLE_OTHER = Part("idle_other", "GPU idle: other", "#EBEBEB",
-                  "the rest of the idle time (queued work waiting on events, other streams, syncs)")
-IDLE = Part("idle", "GPU idle", "#D3D3D3", "nothing runs on any stream", short="idle", budget_metric="idle",
-            sub_parts=(IDLE_HOST_WAIT, IDLE_KERNEL_WAIT, IDLE_OTHER))
+IDLE_HOST_WAIT = Part(
+    "idle_host_wait", "GPU idle: host wait",
+    "idle until work whose launch began after the gap started (the host was late), or before the first / "
+    "after the last GPU work",
+    color="#BDBDBD", short="(host wait)")
+IDLE_KERNEL_WAIT = Part(
+    "idle_kernel_wait", "GPU idle: kernel wait", "idle for less than 30 us between queued work (launch latency)",
+    color="#D9D9D9")
+IDLE_OTHER = Part(
+    "idle_other", "GPU idle: other",
+    "the rest of the idle time (queued work waiting on events, other streams, syncs)",
+    color="#EBEBEB")
+IDLE = Part(
+    "idle", "GPU idle", "nothing runs on any stream",
+    color="#D3D3D3", short="idle", budget_metric="idle", sub_parts=(IDLE_HOST_WAIT, IDLE_KERNEL_WAIT, IDLE_OTHER))
 
 COMM_OVERLAPPED = Hidden("comm_overlapped", "communication under compute",
                          "a communication kernel runs under a compute kernel",
@@ -221,20 +231,26 @@ GPU = Breakdown(
 
 # ---- host: over the union of all the rank's threads, inside the ProfilerStep ----
 
-DATA_LOADING = Part("data_loading", "data loading", "#F58518",
-                    "an `enumerate(DataLoader)#...` annotation is open (the TensorBoard plugin's rule)",
-                    short="data", claims=("name LIKE 'enumerate(DataLoader)#%'",))
-OPTIMIZER = Part("optimizer", "optimizer", "#B279A2", "an `Optimizer.step#...` or `Optimizer.zero_grad#...` "
-                 "annotation is open, none of the above",
-                 short="optimizer", claims=("name LIKE 'Optimizer.step#%' OR name LIKE 'Optimizer.zero_grad#%'",))
-COMPUTE_OPS = Part("compute_ops", "compute ops", "#4C78A8", "any other CPU op runs, none of the above",
-                   short="compute ops", claims=("kind = 'cpu_op' AND category IS DISTINCT FROM 'communication'",))
-COMMUNICATION_OPS = Part("communication_ops", "exposed communication ops", "#E45756",
-                         "a communication op or annotation runs (`c10d::...`, `gloo:...`, `nccl:...`; store "
-                         "category `communication`), none of the above: exposed host communication",
-                         short="comm ops", claims=("category = 'communication'",))
-OTHER = Part("other", "other (no op running)", "#D3D3D3",
-             "none of these on any thread (Python, framework overhead, waiting)", short="other")
+DATA_LOADING = Part(
+    "data_loading", "data loading",
+    "an `enumerate(DataLoader)#...` annotation is open (the TensorBoard plugin's rule)",
+    color="#F58518", short="data", claims=("name LIKE 'enumerate(DataLoader)#%'",))
+OPTIMIZER = Part(
+    "optimizer", "optimizer",
+    "an `Optimizer.step#...` or `Optimizer.zero_grad#...` annotation is open, none of the above",
+    color="#B279A2", short="optimizer",
+    claims=("name LIKE 'Optimizer.step#%' OR name LIKE 'Optimizer.zero_grad#%'",))
+COMPUTE_OPS = Part(
+    "compute_ops", "compute ops", "any other CPU op runs, none of the above",
+    color="#4C78A8", short="compute ops", claims=("kind = 'cpu_op' AND category IS DISTINCT FROM 'communication'",))
+COMMUNICATION_OPS = Part(
+    "communication_ops", "exposed communication ops",
+    "a communication op or annotation runs (`c10d::...`, `gloo:...`, `nccl:...`; store category "
+    "`communication`), none of the above: exposed host communication",
+    color="#E45756", short="comm ops", claims=("category = 'communication'",))
+OTHER = Part(
+    "other", "other (no op running)", "none of these on any thread (Python, framework overhead, waiting)",
+    color="#D3D3D3", short="other")
 
 COMMUNICATION_OVERLAPPED = Hidden("communication_overlapped", "communication ops under compute ops",
                                   "a communication op runs under a compute op",
