@@ -109,6 +109,16 @@ def test_every_gpu_category_the_store_writes_has_exactly_its_class() -> None:
     assert sorted(c for (c,) in classes) == list(range(len(GPU.classes)))
 
 
+def test_every_split_part_has_its_split_rule() -> None:
+    """A GPU part with sub-parts needs the SQL that splits it (breakdown.SPLITS); the host
+    breakdown splits nothing yet, so a host sub-part would never be computed."""
+    from stepscope.analysis.breakdown import _IDLE_CAUSE_RULES, SPLITS
+
+    assert {p for p in GPU.parts if p.sub_parts} == set(SPLITS)
+    assert set(_IDLE_CAUSE_RULES) == set(parts.IDLE.sub_parts)
+    assert not any(p.sub_parts for p in HOST.parts), "host_breakdown has no split of a host part yet"
+
+
 # ---- every consumer follows the catalogue ---------------------------------------------------
 
 

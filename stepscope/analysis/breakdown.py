@@ -15,7 +15,7 @@ Definitions are in docs/ANALYSIS.md; in short:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
@@ -46,13 +46,6 @@ GPU_KINDS_SQL = _sql_list(GPU.kinds)
 
 KERNEL_WAIT_NS = 30_000
 """HTA's ``consecutive_kernel_delay`` default (30 us): shorter gaps are launch latency."""
-
-IDLE_CAUSES = (IDLE_HOST_WAIT, IDLE_KERNEL_WAIT, IDLE_OTHER)
-"""The sub-parts of idle that the idle-cause rule of :func:`step_breakdown` decides."""
-if IDLE.sub_parts != IDLE_CAUSES:
-    raise RuntimeError("stepscope.analysis.parts.IDLE has sub-parts the idle-cause rule of step_breakdown "
-                       "does not decide: extend the rule together with the catalogue")
-
 
 # ---- SQL generated from the catalogue (stepscope.analysis.parts) ----
 
@@ -207,25 +200,24 @@ def _absent_for(store: SQLStore, run: str, ranks: Sequence[int] | None, *, needs
     return Absent(f"run {run!r} has no traces")
 
 
-@cached_frame("step_breakdown")
-def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
-    """GPU time of every step of every rank with GPU events, split into disjoint parts.
+# ---- sub-parts: how a part is split after the sweep ----
 
-    Columns: ``run, rank, step, start_ns, end_ns, dur_ns`` (the step window), ``cpu_start_ns,
-    cpu_dur_ns`` (the ProfilerStep CPU window), then ``GPU.all_columns`` of
-    :mod:`stepscope.analysis.parts`: the parts (summing to ``dur_ns``), the hidden parts
-    (communication under compute, copies under compute or communication) and the sub-parts of
-    idle (HTA's idle causes, summing to the idle part).
-    Ranks without GPU events or steps have no rows; :class:`Absent` when no rank has any.
-    """
-    rf, extra = rank_filter(ranks)
-    sums = _part_sums(GPU)
-    names = [e.column for e in (*GPU.parts, *GPU.hidden)]
-    query = f"""
-    WITH {gpu_cte(rf)},
-    {window_ctes(rf)},
-    iv AS (SELECT rank, t0, t1, cls FROM gpu),
-    {sweep_ctes(len(GPU.classes))},
+_IDLE_CAUSE_RULES: dict[Part, str] = {
+    IDLE_HOST_WAIT: "g.g0 IS NULL OR g.g1 IS NULL OR l.launch_ns > g.g0",
+    IDLE_KERNEL_WAIT: f"g.g1 - g.g0 < {KERNEL_WAIT_NS}",
+    IDLE_OTHER: "TRUE",
+}
+"""HTA's idle causes, in order: the first that holds for a gap ``[g0, g1)`` of the rank's GPU
+time line (``l.launch_ns``: when the work ending the gap was launched) names the gap's cause."""
+
+
+def _idle_split() -> str:
+    """CTEs ending in ``_split_idle(rank, step, <idle sub-part columns>)``: every gap between the
+    rank's GPU work (unclipped by windows) gets its cause, then is clipped to the step windows."""
+    if set(_IDLE_CAUSE_RULES) != set(IDLE.sub_parts):
+        raise ValueError("the idle-cause rules and the sub-parts of stepscope.analysis.parts.IDLE differ")
+    causes = " ".join(f"WHEN ({rule}) THEN '{cause.name}'" for cause, rule in _IDLE_CAUSE_RULES.items())
+    return f"""
     _launch AS (
         SELECT g.rank, g.t0, min(r.ts_ns) AS launch_ns
         FROM gpu g JOIN events r
@@ -254,9 +246,7 @@ def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
     ),
     _caused AS (
         SELECT g.rank, g.g0, g.g1,
-            CASE WHEN g.g0 IS NULL OR g.g1 IS NULL OR l.launch_ns > g.g0 THEN '{IDLE_HOST_WAIT.name}'
-                 WHEN g.g1 - g.g0 < {KERNEL_WAIT_NS} THEN '{IDLE_KERNEL_WAIT.name}'
-                 ELSE '{IDLE_OTHER.name}' END AS idle_cause
+            CASE {causes} END AS idle_cause
         FROM _gaps g LEFT JOIN _launch l ON l.rank = g.rank AND l.t0 = g.g1
     ),
     _idle AS (
@@ -265,17 +255,48 @@ def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
         FROM _caused c JOIN win w
           ON c.rank = w.rank AND coalesce(c.g0, w.w0) < w.w1 AND coalesce(c.g1, w.w1) > w.w0
     ),
-    _idle_parts AS (
+    _split_{IDLE.name} AS (
         SELECT rank, step,
-            {", ".join(_ns(f"sum(len) FILTER (idle_cause = '{c.name}')", c.column) for c in IDLE_CAUSES)}
+            {", ".join(_ns(f"sum(len) FILTER (idle_cause = '{c.name}')", c.column) for c in IDLE.sub_parts)}
         FROM _idle GROUP BY rank, step
-    ),
+    )"""
+
+
+SPLITS: dict[Part, Callable[[], str]] = {IDLE: _idle_split}
+"""GPU part -> the CTEs that split it into its sub-parts after the sweep. They may read ``gpu``,
+``win``, ``seg`` and ``events`` and end in ``_split_<part name>(rank, step, <sub-part
+columns>)``; :func:`step_breakdown` joins that into its result (a part of
+:data:`stepscope.analysis.parts.GPU` with sub-parts and no entry here is a ``KeyError``)."""
+
+
+@cached_frame("step_breakdown")
+def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
+    """GPU time of every step of every rank with GPU events, split into disjoint parts.
+
+    Columns: ``run, rank, step, start_ns, end_ns, dur_ns`` (the step window), ``cpu_start_ns,
+    cpu_dur_ns`` (the ProfilerStep CPU window), then ``GPU.all_columns`` of
+    :mod:`stepscope.analysis.parts`: the parts (summing to ``dur_ns``), the hidden parts
+    (communication under compute, copies under compute or communication) and the sub-parts of
+    idle (HTA's idle causes, summing to the idle part).
+    Ranks without GPU events or steps have no rows; :class:`Absent` when no rank has any.
+    """
+    rf, extra = rank_filter(ranks)
+    sums = _part_sums(GPU)
+    names = [e.column for e in (*GPU.parts, *GPU.hidden)]
+    split = [p for p in GPU.parts if p.sub_parts]
+    columns = [*(f"coalesce(p.{c}, 0)::BIGINT AS {c}" for c in names),
+               *(f"coalesce(_split_{p.name}.{c.column}, 0)::BIGINT AS {c.column}" for p in split for c in p.sub_parts)]
+    query = f"""
+    WITH {gpu_cte(rf)},
+    {window_ctes(rf)},
+    iv AS (SELECT rank, t0, t1, cls FROM gpu),
+    {sweep_ctes(len(GPU.classes))},
+    {"".join(SPLITS[p]() + "," for p in split)}
     _parts AS (SELECT rank, step, {", ".join(sums)} FROM seg GROUP BY rank, step)
     SELECT $run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns,
-           w.cpu_start AS cpu_start_ns, w.cpu_end - w.cpu_start AS cpu_dur_ns,
-           {", ".join(f"coalesce(p.{c}, 0)::BIGINT AS {c}" for c in names)},
-           {", ".join(f"coalesce(i.{c.column}, 0)::BIGINT AS {c.column}" for c in IDLE_CAUSES)}
-    FROM win w LEFT JOIN _parts p USING (rank, step) LEFT JOIN _idle_parts i USING (rank, step)
+           w.cpu_start AS cpu_start_ns, w.cpu_end - w.cpu_start AS cpu_dur_ns, {", ".join(columns)}
+    FROM win w LEFT JOIN _parts p USING (rank, step)
+    {" ".join(f"LEFT JOIN _split_{p.name} USING (rank, step)" for p in split)}
     WHERE w.rank IN (SELECT DISTINCT rank FROM gpu)
     ORDER BY w.rank, w.step
     """

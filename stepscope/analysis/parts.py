@@ -19,8 +19,9 @@ Three kinds of entry, by where their time comes from:
   claims nothing: it is the time when no class is active (idle, other). Adding a class of
   events is therefore one entry here, at its place in the priority order.
 - A **sub-part** (``Part.sub_parts``) splits one part's time by a rule computed after the
-  sweep (idle by HTA's causes, from the gaps between GPU work). Sub-parts sum exactly to their
-  part, so the part keeps its column and its budget metric, and the step's leaves
+  sweep (idle by HTA's causes, from the gaps between GPU work): the rule is the SQL that
+  :data:`stepscope.analysis.breakdown.SPLITS` registers for the part. Sub-parts sum exactly to
+  their part, so the part keeps its column and its budget metric, and the step's leaves
   (:meth:`Breakdown.leaves`: parts with their sub-parts expanded) still sum to the step.
 - A **hidden** part (:class:`Hidden`) is time of some parts' classes under other parts' classes
   (communication under compute): reported beside the parts, never in their sum.
