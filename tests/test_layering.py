@@ -33,6 +33,13 @@ def test_layer_imports(layer: str) -> None:
                 assert not (name == banned or name.startswith(banned + ".")), f"{path} imports {name}"
 
 
+@pytest.mark.parametrize("leaf", ["units.py"])
+def test_render_leaves_import_nothing_from_stepscope(leaf: str) -> None:
+    """The analysis layer formats its messages with these modules, so they must not import back."""
+    names = _imports(PACKAGE / "render" / leaf)
+    assert not [n for n in names if n.startswith("stepscope")], names
+
+
 def test_cli_start_does_not_import_heavy_modules() -> None:
     import subprocess
     import sys

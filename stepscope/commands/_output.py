@@ -12,16 +12,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from stepscope.render.units import number
+
 FORMATS = ("table", "csv", "json")
 
 
 def _cell(value: Any) -> str:
     if value is None:
         return ""
-    if isinstance(value, float):
-        return f"{value:,.3f}" if abs(value) < 1e15 else f"{value:.6g}"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return number(value)
     return str(value)
 
 
