@@ -1,25 +1,18 @@
-"""The comparison as titled tables of strings, built once from the JSON contract and laid out
-by the terminal and Markdown renderers (so both show the same rows with the same figures)."""
+"""The comparison as titled tables (:class:`stepscope.render.table.Table`), built once from the
+JSON contract and laid out by the terminal, Markdown and HTML renderers (so all show the same
+rows with the same figures)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from stepscope.render.table import Table
 from stepscope.render.units import format_delta, format_value, signed_percent
 
 TOP_NAMED = 10
 """Kernels, collectives and copies shown: the largest moves first."""
 
 NAME_WIDTH = 90
-
-
-@dataclass(frozen=True)
-class Table:
-    title: str
-    note: str | None
-    header: list[str]
-    rows: list[list[str]]
 
 
 def _short(name: str) -> str:
@@ -46,7 +39,7 @@ def budget_table(doc: dict[str, Any]) -> Table:
         result = b["status"].upper() if judged else "not judged"
         rows.append([b["budget"], format_value(b["baseline"], b["unit"]), format_value(b["candidate"], b["unit"]),
                      signed_percent(b["delta_pct"]), b["decided_by"], result])
-    return Table("Budgets", None, ["budget", "baseline", "candidate", "change", "decided by", "result"], rows)
+    return Table.of_text("Budgets", ["budget", "baseline", "candidate", "change", "decided by", "result"], rows)
 
 
 def metric_table(doc: dict[str, Any]) -> Table:
@@ -65,7 +58,7 @@ def metric_table(doc: dict[str, Any]) -> Table:
     note = (f"median per step over ranks and steps [p25-p75]; peak memory: the highest step peak. "
             f"Step time from {doc['step_time_source']}. p: one-sided Mann-Whitney U in the direction "
             f"of the change (alpha {doc['alpha']:g}).")
-    return Table("Step breakdown", note, ["metric", "baseline", "candidate", "delta", "change", "p"], rows)
+    return Table.of_text("Step breakdown", ["metric", "baseline", "candidate", "delta", "change", "p"], rows, note)
 
 
 def _named_rows(items: list[dict[str, Any]], unit: str) -> list[list[str]]:
@@ -79,10 +72,9 @@ def named_table(doc: dict[str, Any], key: str, title: str, unit: str, what: str)
     items = doc[key]
     header = [what, "status", "baseline", "candidate", "change"]
     if items is None:
-        return Table(title, doc.get("absent_reasons", {}).get(key, "not available"), header, [])
+        return Table.of_text(title, header, [], doc.get("absent_reasons", {}).get(key, "not available"))
     rows = _named_rows(items, unit)
-    note = None if rows else "no differences"
-    return Table(title, note, header, rows)
+    return Table.of_text(title, header, rows, None if rows else "no differences")
 
 
 def comparability_table(doc: dict[str, Any]) -> Table:
@@ -97,7 +89,7 @@ def comparability_table(doc: dict[str, Any]) -> Table:
 
     rows = [[c["check"], {True: "ok", False: "DIFFERS", None: "not checked"}[c["ok"]], show(c["baseline"]),
              show(c["candidate"])] for c in doc["comparability"]["checks"]]
-    return Table("Comparability", None, ["check", "result", "baseline", "candidate"], rows)
+    return Table.of_text("Comparability", ["check", "result", "baseline", "candidate"], rows)
 
 
 def tables(doc: dict[str, Any]) -> list[Table]:
