@@ -40,6 +40,7 @@ from stepscope.analysis.findings import Finding, Results, Severity, rule
 from stepscope.analysis.overlap import hidden_ctes
 from stepscope.analysis.parts import COMPUTE, COMPUTE_OPS
 from stepscope.analysis.phase import gpu_phase_ctes
+from stepscope.analysis.quantiles import median, median_sql
 from stepscope.analysis.sections import SQLStore, section
 
 SIZE_BUCKETS: tuple[tuple[int, str], ...] = (
@@ -368,7 +369,7 @@ SELECT any_value(run) AS run, pg_name, any_value(pg_desc) AS pg_desc, collective
        avg(last_start_ns - first_start_ns) AS mean_start_skew_ns,
        max(last_start_ns - first_start_ns) AS max_start_skew_ns,
        avg(max_dur_ns - min_dur_ns) AS mean_dur_spread_ns,
-       median(bytes * busbw_factor / nullif(min_dur_ns, 0)) AS median_busbw_gbps
+       {median_sql("bytes * busbw_factor / nullif(min_dur_ns, 0)")} AS median_busbw_gbps
 FROM inst WHERE {_MULTI}
 GROUP BY pg_name, collective
 ORDER BY pg_name, collective
@@ -423,8 +424,8 @@ def rank_compute(store: SQLStore, run: str, ranks: Sequence[int] | None = None) 
         [("step", "count"), (column, "mean"), ("dur_ns", "mean")]
     ).sort_by("rank")
     mean_compute = per_rank.column(f"{column}_mean")
-    median = pc.quantile(mean_compute, q=0.5)[0].as_py() if len(per_rank) else None
-    excess = pc.multiply(pc.subtract(pc.divide(mean_compute, median), 1.0), 100.0) if median else None
+    middle = median(mean_compute.to_pylist()) if len(per_rank) else None
+    excess = pc.multiply(pc.subtract(pc.divide(mean_compute, middle), 1.0), 100.0) if middle else None
     return pa.table({
         "run": pa.array([run] * len(per_rank), pa.string()),
         "rank": per_rank.column("rank"),

@@ -25,6 +25,7 @@ from stepscope.analysis.breakdown import (
 from stepscope.analysis.findings import Finding, Results, Severity, evaluate, rule
 from stepscope.analysis.kernels import launch_overhead, step_stats, top_cpu_ops, top_kernels
 from stepscope.analysis.parts import DATA_LOADING, GPU, HOST, IDLE, IDLE_HOST_WAIT, IDLE_KERNEL_WAIT, IDLE_OTHER
+from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore, compute_sections, section
 
 SUMMARY_VERSION = 1
@@ -234,11 +235,6 @@ _IDLE_CAUSE_ADVICE = {
 """Advice per idle sub-part (cause); the evidence names a cause without the ``idle_`` prefix."""
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[(len(ordered) - 1) // 2]
-
-
 @rule("gpu.idle", needs=("ranks",))
 def gpu_idle(results: Results) -> Iterator[Finding]:
     """GPU idle for a large share of a step, with the dominant HTA cause (and the host's data
@@ -257,7 +253,7 @@ def gpu_idle(results: Results) -> Iterator[Finding]:
                    f"({len(flagged)} of {len(idle)} steps at {IDLE_WARNING_PCT:.0f}% or more), "
                    f"{_IDLE_CAUSE_ADVICE[cause]}")
         loading = [h[DATA_LOADING.column] for h in host.get(rank, [])]
-        data_ms = _median(loading) / 1e6 if loading else 0.0
+        data_ms = median(loading) / 1e6 if loading else 0.0
         if cause == IDLE_HOST_WAIT and data_ms > 0:
             message += f" (data loading {data_ms:.1f} ms/step)"
         yield Finding(
@@ -276,15 +272,15 @@ def host_data_loading(results: Results) -> Iterator[Finding]:
     ranks: RanksResult = results["ranks"]  # type: ignore[assignment]
     for rank, rows in sorted(_by_rank(ranks.host).items()):
         shares = [100 * r[DATA_LOADING.column] / r["dur_ns"] for r in rows if r["dur_ns"] > 0]
-        if not shares or _median(shares) < DATA_LOADING_WARNING_PCT:
+        if not shares or median(shares) < DATA_LOADING_WARNING_PCT:
             continue
-        median_ms = _median([r[DATA_LOADING.column] for r in rows]) / 1e6
+        median_ms = median([r[DATA_LOADING.column] for r in rows]) / 1e6
         yield Finding(
             Severity.WARNING,
             "host.data_loading",
-            f"data loading takes {_median(shares):.0f}% of each step on rank {rank} "
+            f"data loading takes {median(shares):.0f}% of each step on rank {rank} "
             f"({median_ms:.1f} ms/step, median): use DataLoader workers, pinned memory and prefetching",
-            {"rank": rank, "data_loading_pct_median": round(_median(shares), 2),
+            {"rank": rank, "data_loading_pct_median": round(median(shares), 2),
              "data_loading_ms_median": round(median_ms, 3), "steps": len(shares)},
         )
 
