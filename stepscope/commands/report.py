@@ -1,6 +1,7 @@
 """``stepscope report RUN --store DIR --out report.html [--baseline NAME|RUN]``: one self-contained
 HTML file (charts inlined, no network needed to view) with the run's overview and findings and,
-given ``--baseline``, the comparison with it; for CI artifacts and sharing."""
+given ``--baseline``, the comparison with it; for CI artifacts and sharing. A baseline that does
+not exist yet (the first run of a branch) is said on the page, which then shows the run alone."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepscope.analysis.breakdown import step_breakdown
     from stepscope.analysis.absent import Absent
+    from stepscope.analysis.breakdown import step_breakdown
+    from stepscope.analysis.compare.gate import NO_BASELINE
+    from stepscope.analysis.compare.metrics import run_facts
     from stepscope.analysis.parts import GPU
     from stepscope.analysis.summary import build_summary
     from stepscope.commands._runs import resolved
@@ -33,8 +36,6 @@ def run(args: argparse.Namespace) -> int:
     with resolved([args.run], args.store) as (ref,), open_store(ref.store) as store:
         summary = build_summary(store, ref.run)
         breakdown = step_breakdown(store, ref.run)
-        from stepscope.analysis.compare.metrics import run_facts
-
         overview = [run_line(run_facts(store, ref.run).to_json())]
         charts = []
         if not isinstance(breakdown, Absent):
@@ -42,16 +43,19 @@ def run(args: argparse.Namespace) -> int:
         else:
             overview.append(f"step breakdown: not available ({breakdown.reason})")
         page_tables = []
+        findings = summary["findings"]
         if args.baseline:
-            comparison, verdict = gate(args.baseline, args.run, args.store, args.fail_on, args.config, None)
+            comparison, verdict = gate(args.baseline, args.run, args.store, args.fail_on, args.config, None,
+                                       missing_baseline="pass")
             doc = to_json(comparison, verdict)
-            overview.append(f"compared with baseline {doc['baseline']['run']}: {doc['verdict']['status']}")
-            overview += [f"  {r}" for r in doc["verdict"]["reasons"]]
-            charts.append(html_report.comparison_chart(doc["metrics"]))
-            page_tables = tables(doc)
-            findings = summary["findings"] + doc["findings"]
-        else:
-            findings = summary["findings"]
+            if verdict.status == NO_BASELINE:
+                overview.append(f"not compared: {'; '.join(verdict.reasons)}")
+            else:
+                overview.append(f"compared with baseline {doc['baseline']['run']}: {doc['verdict']['status']}")
+                overview += [f"  {r}" for r in doc["verdict"]["reasons"]]
+                charts.append(html_report.comparison_chart(doc["metrics"]))
+                page_tables = tables(doc)
+                findings = findings + doc["findings"]
     page = html_report.render_report(f"stepscope report: {ref.run}", overview, findings, charts, page_tables, bundle)
     args.out.write_text(page, encoding="utf-8")
     print(f"wrote {args.out} ({len(page) / 1e6:.1f} MB, self-contained)")
