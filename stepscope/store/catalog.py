@@ -7,14 +7,15 @@ exists) and the schema-version check.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import duckdb
 import pyarrow as pa
 
-from stepscope.errors import StoreError, UsageError
+from stepscope.errors import InternalError, StoreError, UsageError
 from stepscope.store import schema
 
 READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
@@ -44,8 +45,9 @@ class Store:
         self._lock = threading.Lock()
         self._con = duckdb.connect(":memory:")
         self._con.execute("SET threads TO 2")
-        self._check_version()
-        self._create_views()
+        with self._own_query():
+            self._check_version()
+            self._create_views()
         if read_only_sql:
             self._lock_down()
 
@@ -121,12 +123,27 @@ class Store:
         return (*schema.TABLES, "runs")
 
     def sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pa.Table:
-        """Run one query and return an Arrow table. ``params`` bind ``?`` or ``$name``."""
-        with self._lock:
-            try:
-                return self._con.sql(query, params=params).to_arrow_table()
-            except duckdb.Error as exc:
-                raise UsageError(f"SQL error: {exc}") from exc
+        """Run one query and return an Arrow table. ``params`` bind ``?`` or ``$name``.
+
+        This is stepscope's own door (the analyses'): a failing query is an :class:`InternalError`,
+        or a :class:`StoreError` when DuckDB names a damaged file of this store. User SQL goes
+        through :meth:`read_only_query`, whose errors are the user's (:class:`UsageError`).
+        """
+        with self._lock, self._own_query():
+            return self._con.sql(query, params=params).to_arrow_table()
+
+    @contextlib.contextmanager
+    def _own_query(self) -> Iterator[None]:
+        """DuckDB errors of stepscope's own queries, by whose fault they are: a damaged file of
+        this store (DuckDB names it) is bad input, anything else an internal error. One line:
+        DuckDB's first, without the SQL it quotes."""
+        try:
+            yield
+        except duckdb.Error as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if str(self.root) in first or str(self.root.resolve()) in first:
+                raise StoreError(f"{self.root}: a store file cannot be read ({first})") from exc
+            raise InternalError(f"query failed: {first}") from exc
 
     def df(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> Any:
         """Like ``sql`` but returns a pandas DataFrame (imports pandas only when asked)."""
