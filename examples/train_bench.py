@@ -21,9 +21,9 @@ from torch import nn
 
 import stepscope
 
-WIDTH = 256
+WIDTH = 128
 """Hidden size of the MLP: the number a pull request changes in docs/ci.md's workflow test."""
-DEPTH = 3
+DEPTH = 2
 BATCH = 32
 
 
