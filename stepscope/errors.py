@@ -70,7 +70,9 @@ class StoreWriteError(StoreError):
     def __init__(self, path: object, store: object, exc: OSError) -> None:
         self.problem = write_problem(exc)
         self.errno = exc.errno
-        super().__init__(f"{path}: not stored: {self.problem} in {store} ({os_error_text(exc)})")
+        self.strerror = exc.strerror
+        self.detail = os_error_text(exc)
+        super().__init__(f"{path}: not stored: {self.problem} in {store} ({self.detail})")
 
 
 class Inconclusive(StepscopeError):
