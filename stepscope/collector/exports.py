@@ -1,12 +1,13 @@
 """The collector's temporary export folders in the store: made, found stale, removed on SIGTERM.
 
 Without ``trace_dir`` a trace is exported into ``<store>/.stepscope-export-<host>-<pid>-<random>``
+(``<host>`` names the host and its pid namespace)
 (inside the store, so a full disk shows up as what it is) and the folder is removed once the
 trace is ingested. A job killed by SIGTERM (a scheduler's time limit, torchrun stopping its
 workers) used to leave its folders, traces inside, in the store. Now a SIGTERM handler removes
 them before the process dies as it would have, and the next start of profiling on the same store
-removes any left by processes that no longer run (a ``kill -9``): folders of this host whose
-process is gone, and any folder untouched for ``STALE_S``.
+removes any left by processes that no longer run (a ``kill -9``): folders of this host and pid
+namespace whose process is gone, and any folder untouched for ``STALE_S``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,19 @@ STALE_S = 24 * 3600.0
 """A folder untouched this long is stale whichever host made it (a conversion is bounded by
 the sink's ``convert_timeout_s``, an hour by default)."""
 
-_HOST = re.sub(r"[^A-Za-z0-9.]+", "_", socket.gethostname()) or "host"
+
+def _pid_namespace() -> str:
+    """Which process-id space a pid belongs to: containers on one host (even sharing its name)
+    each have their own, and a pid means nothing outside it. Empty where /proc has no answer."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+_HOST = "_".join(p for p in (re.sub(r"[^A-Za-z0-9.]+", "_", socket.gethostname()) or "host",
+                             _pid_namespace()) if p)
+"""This host and pid namespace, as written into folder names: a pid is checked only here."""
 _NAME = re.compile(rf"^{re.escape(PREFIX)}(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)-")
 
 _lock = threading.Lock()
