@@ -181,6 +181,16 @@ def test_the_same_trace_in_another_file_is_stored_once(tmp_path: Path) -> None:
     assert not ingest_trace_file(folder / "b.json.gz", store, "other").skipped
 
 
+def test_the_content_index_counts_only_while_its_trace_is_stored(tmp_path: Path) -> None:
+    doc = json.dumps(_gpu_trace())
+    store = tmp_path / "store"
+    first = ingest_trace_file(_write(tmp_path / "a.json", doc), store, "r")
+    for part in store.glob(f"*/run=r/rank=0/part-{first.source}.parquet"):
+        part.unlink()  # the rank removed by hand: its content index entry is left behind
+    assert not ingest_trace_file(_write(tmp_path / "b.json.gz", doc), store, "r").skipped
+    assert _count(store, "sources") == 1 and _count(store) == len(GOOD_EVENTS)
+
+
 def test_a_whitespace_change_inside_a_string_is_another_trace(tmp_path: Path) -> None:
     doc = _gpu_trace()
     other = json.loads(json.dumps(doc))

@@ -6,6 +6,7 @@ get the same parser, the same rank rules and the same deduplication.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -185,13 +186,14 @@ def ingest_trace_file(
         resolved, how = int(rank), rank_from or "option"
     else:
         resolved, how = resolve_rank(trace, position)
-    stored = _stored(root, rid)
-    same = dedupe.same_trace(stored, source, trace.content_sha256)
+    same = _checked(dedupe.same_trace, root, rid, source, trace.content_sha256)
     if same is not None:
         return _skipped(path, rid, same, source, resolved, how)
     tables = convert(trace, source, progress)
     del trace.events[:]
-    clash = dedupe.overlapping(stored, resolved, tables.start_ns, tables.end_ns)
+    same, clash = _conflicts(root, rid, source, trace.content_sha256, resolved, tables)
+    if same is not None:
+        return _skipped(path, rid, same, source, resolved, how)
     if clash is not None:
         raise _overlap_error(path, rid, clash, resolved)
     try:
@@ -200,12 +202,13 @@ def ingest_trace_file(
         with dedupe.commit_lock(root):
             # Decided again under the lock: another ingest may have committed this trace, or a
             # clashing one, since the checks above.
-            stored = _stored(root, rid)
-            same = dedupe.same_trace(stored, source, trace.content_sha256)
-            clash = dedupe.overlapping(stored, resolved, tables.start_ns, tables.end_ns)
+            same, clash = _conflicts(root, rid, source, trace.content_sha256, resolved, tables)
             if same is None and clash is None:
                 write_partition(root, "sources", rid, resolved, source,
                                 _sources_row(trace, source, run, how, tables, metadata, tags))
+                with contextlib.suppress(OSError):  # committed already: a missing index entry
+                    # only lets a copy in another file through later, never loses this one
+                    dedupe.record_content(root, rid, trace.content_sha256, resolved, source)
                 return IngestedTrace(str(path), rid, resolved, how, source, tables.events.num_rows,
                                      skipped=False)
         if same is None or same.source != source:  # the parts just written are ours alone
@@ -218,9 +221,20 @@ def ingest_trace_file(
     raise _overlap_error(path, rid, clash, resolved)
 
 
-def _stored(root: Path, run: str) -> list[dedupe.StoredTrace]:
+def _conflicts(root: Path, run: str, source: str, content: str, rank: int, tables: TraceTables
+               ) -> tuple[dedupe.StoredTrace | None, dedupe.StoredTrace | None]:
+    """``(the stored copy of this trace, a different stored trace it overlaps)``; at most one."""
+    same = _checked(dedupe.same_trace, root, run, source, content)
+    if same is not None:
+        return same, None
+    return None, _checked(dedupe.overlapping, root, run, rank, tables.start_ns, tables.end_ns)
+
+
+def _checked(check: Callable[..., dedupe.StoredTrace | None], root: Path, run: str,
+             *args: Any) -> dedupe.StoredTrace | None:
+    """Run a ``dedupe`` check; a store whose committed parts cannot be read is a ``StoreError``."""
     try:
-        return dedupe.stored_traces(root, run)
+        return check(root, run, *args)
     except (OSError, pa.ArrowException) as exc:
         raise StoreError(f"{root}: cannot read the traces stored in run {run} ({exc})") from exc
 
