@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from stepscope.errors import TraceFormatError
 from stepscope.store import schema
-from stepscope.store.schema import INT64_MAX, INT64_MIN
+from stepscope.store.schema import INT64_MAX, INT64_MIN, out_of_range
 from stepscope.store.classify import classify, dtype_bytes, normalise_collective
 from stepscope.store.kineto import ARGS_DECODER, EventArgs, ExactTimeEvent, RawTrace
 
@@ -79,9 +79,7 @@ def _int_array(values: Sequence[Any], path: str, column: str) -> pa.Array:
         return pa.array(values, pa.int64())
     except (OverflowError, pa.ArrowInvalid) as exc:
         bad = next((v for v in values if isinstance(v, int) and not INT64_MIN <= v <= INT64_MAX), None)
-        raise TraceFormatError(
-            path, f"value {bad} in '{column}' is out of range (the store holds int64)"
-        ) from exc
+        raise TraceFormatError(path, out_of_range(f"'{column}' value", bad)) from exc
     except (TypeError, pa.ArrowTypeError) as exc:
         raise TraceFormatError(path, f"non-integer value in '{column}' ({exc})") from exc
 
@@ -136,26 +134,26 @@ def _times(events: Sequence[Any], names: list[str], path: str, base_ns: int
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``ts_ns, ts_null, dur_ns, dur_null`` of every event, or a ``TraceFormatError`` naming the
     first event whose time is out of range or whose duration is negative."""
-    def out_of_range(column: str, index: int) -> TraceFormatError:
+    def refused(column: str, index: int) -> TraceFormatError:
         value = getattr(events[index], column)
-        return TraceFormatError(path, f"event {index} ({names[index]!r}): '{column}' {value} is out of "
-                                      "range (the store holds int64 nanoseconds, about +-292 years)")
+        return TraceFormatError(path, f"event {index} ({names[index]!r}): " + out_of_range(
+            f"'{column}'", value, "nanoseconds, about +-292 years"))
 
     exact = bool(events) and isinstance(events[0], ExactTimeEvent)
     try:
         ts_ns, ts_null = _microseconds_to_ns([e.ts for e in events], base_ns, exact=exact)
     except OutOfRange as exc:
-        raise out_of_range("ts", exc.index) from None
+        raise refused("ts", exc.index) from None
     try:
         dur_ns, dur_null = _microseconds_to_ns([e.dur for e in events], 0)
     except OutOfRange as exc:
-        raise out_of_range("dur", exc.index) from None
+        raise refused("dur", exc.index) from None
     if (dur_ns[~dur_null] < 0).any():
         first = int(np.flatnonzero((dur_ns < 0) & ~dur_null)[0])
         raise TraceFormatError(path, f"event {first} ({names[first]!r}) has a negative duration")
     ends_beyond = ~ts_null & ~dur_null & (ts_ns > INT64_MAX - dur_ns)
     if ends_beyond.any():
-        raise out_of_range("dur", int(np.flatnonzero(ends_beyond)[0]))
+        raise refused("dur", int(np.flatnonzero(ends_beyond)[0]))
     return ts_ns, ts_null, dur_ns, dur_null
 
 

@@ -121,7 +121,7 @@ def _int_or_none(value: Any, what: str, path: str) -> int | None:
     if not isinstance(value, int) or isinstance(value, bool):
         return None
     if not INT64_MIN <= value <= INT64_MAX:
-        raise TraceFormatError(path, f"{what} {value} is out of range (the store holds int64)")
+        raise TraceFormatError(path, schema.out_of_range(what, value))
     return value
 
 

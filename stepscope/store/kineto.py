@@ -22,7 +22,7 @@ import msgspec
 from stepscope.errors import TraceFormatError
 from stepscope.store.dedupe import content_sha256
 from stepscope.store.files import NotRegularFile, read_regular_file
-from stepscope.store.schema import INT64_MAX
+from stepscope.store.schema import INT64_MAX, out_of_range
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -197,7 +197,7 @@ def _decode_text(path: Path, text: bytes, digest: str, size: int) -> RawTrace:
     if not isinstance(base, int) or isinstance(base, bool) or base < 0:
         raise TraceFormatError(path, f"baseTimeNanoseconds is not a non-negative integer: {base!r}")
     if base > INT64_MAX:
-        raise TraceFormatError(path, f"baseTimeNanoseconds {base} is out of range (the store holds int64 ns)")
+        raise TraceFormatError(path, out_of_range("baseTimeNanoseconds", base, "nanoseconds"))
     devices = meta.pop("deviceProperties", None) or meta.pop("computeProperties", None) or []
     dist = meta.pop("distributedInfo", None) or {}
     schema = meta.pop("schemaVersion", None)

@@ -26,6 +26,15 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 """The range of every integer column: a number outside it is refused ("out of range"), never
 stored as 0 or wrapped round."""
 
+
+def out_of_range(what: str, value: object, unit: str = "") -> str:
+    """The one wording of that refusal: ``<what> <value> is out of range (...)``, the value cut
+    short when it has hundreds of digits."""
+    text = str(value)
+    if len(text) > 32:
+        text = f"{text[:12]}...({len(text)} characters)"
+    return f"{what} {text} is out of range (the store holds int64{' ' + unit if unit else ''})"
+
 KINDS = (
     "cpu_op",
     "python_function",
