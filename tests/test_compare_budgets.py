@@ -207,3 +207,5 @@ def test_report_renders_the_run_alone_without_its_baseline(sample_store: Path, t
     page = out.read_text()
     assert "not compared: no baseline yet: main" in page and page.count("vegaEmbed('#chart") == 0
     assert "stepscope report: run-1" in page
+    [bundle] = (sample_store / "cache" / "report-js").glob("*.js")  # kept for the next report
+    assert bundle.read_text(encoding="utf-8") in page

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stepscope.store.atomic import atomic_write, write_text_atomic
 from stepscope.store.schema import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
@@ -75,10 +76,7 @@ def cached_json(store: Any, name: str, run: str, args: object, compute: Callable
             log.warning("%s: unreadable cache file, recomputing (%s)", path, exc)
     doc = compute()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(doc))
         for stale in path.parent.glob("*.json"):
             if stale != path:
                 stale.unlink(missing_ok=True)
@@ -92,10 +90,8 @@ def cache_path(root: Path, frame: str, run: str, key: str) -> Path:
 
 
 def _write(path: Path, table: pa.Table) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    with atomic_write(path) as handle:
+        pq.write_table(table, handle)
     for stale in path.parent.glob("*.parquet"):
         if stale != path:
             stale.unlink(missing_ok=True)

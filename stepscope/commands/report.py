@@ -32,8 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.render.compare_tables import run_line, tables
     from stepscope.store import open_store
 
-    bundle = html_report.javascript_bundle()
     with resolved([args.run], args.store) as (ref,), open_store(ref.store) as store:
+        bundle = _javascript(ref.store)
         summary = build_summary(store, ref.run)
         breakdown = step_breakdown(store, ref.run)
         overview = [run_line(run_facts(store, ref.run).to_json())]
@@ -60,3 +60,25 @@ def run(args: argparse.Namespace) -> int:
     args.out.write_text(page, encoding="utf-8")
     print(f"wrote {args.out} ({len(page) / 1e6:.1f} MB, self-contained)")
     return 0
+
+
+BUNDLE_CACHE = "report-js"
+"""Folder under ``<store>/cache/`` that keeps the charts' JavaScript per vl-convert version."""
+
+
+def _javascript(store: Path) -> str:
+    """The charts' JavaScript (vega, vega-lite, vega-embed), kept in the store's cache: building
+    it takes vl-convert seconds, and a CI store sees a report per job. A store that cannot be
+    written just means it is built each time."""
+    from stepscope.render import html_report
+    from stepscope.store.atomic import write_text_atomic
+
+    path = store / "cache" / BUNDLE_CACHE / f"{html_report.bundle_key()}.js"
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    bundle = html_report.javascript_bundle()
+    try:
+        write_text_atomic(path, bundle)
+    except OSError:
+        pass
+    return bundle
