@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import itertools
 import os
 import secrets
@@ -121,7 +122,8 @@ class Store:
         empty = table.schema.empty_table()
         empty = empty.append_column("run", pa.array([], pa.string()))
         empty = empty.append_column("rank", pa.array([], pa.int32()))
-        self._con.register(f"_empty_{table.name}", empty)
+        # A table of the database, not a registered Arrow object: every session() sees it too.
+        self._con.from_arrow(empty).create(f"_empty_{table.name}")
 
     def _create_views(self) -> None:
         con = self._con
@@ -255,6 +257,16 @@ class Store:
     def interrupt(self) -> None:
         """Stop the running query (used for time limits)."""
         self._con.interrupt()
+
+    def session(self) -> Store:
+        """A ``Store`` on the same database (its views) with a connection of its own (a DuckDB
+        cursor): its queries neither wait for this one's nor are stopped by its
+        :meth:`interrupt`, and the other way round. For a server with several visitors; closing
+        it closes only its connection."""
+        twin = copy.copy(self)
+        twin._con = self._con.cursor()
+        twin._lock = threading.Lock()
+        return twin
 
     def close(self) -> None:
         self._con.close()
