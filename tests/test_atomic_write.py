@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.store.atomic import TMP_SUFFIX, atomic_write, temporary_path, write_bytes_atomic
+from stepscope.store.atomic import TMP_SUFFIX, atomic_write, temporary_path, write_text_atomic
 
 PACKAGE = Path(__file__).resolve().parents[1] / "stepscope"
 
@@ -37,7 +37,7 @@ def test_concurrent_writers_each_rename_a_whole_file(tmp_path: Path) -> None:
 
 def test_a_failed_write_keeps_the_old_file_and_no_temporary(tmp_path: Path) -> None:
     target = tmp_path / "doc.txt"
-    write_bytes_atomic(target, b"old")
+    write_text_atomic(target, "old")
     with pytest.raises(RuntimeError), atomic_write(target) as handle:
         handle.write(b"half of the new")
         raise RuntimeError("disk full")

@@ -18,12 +18,10 @@ class NotFound(UsageError):
 
 @dataclass(frozen=True)
 class RunRef:
-    """A run in a store, and how it was named (for messages)."""
+    """A run in a store."""
 
     store: Path
     run: str
-    named_as: str
-    baseline_name: str | None = None
 
 
 def resolve(spec: str, store: Path | None, stack: contextlib.ExitStack) -> RunRef:
@@ -37,9 +35,9 @@ def resolve(spec: str, store: Path | None, stack: contextlib.ExitStack) -> RunRe
     if store is not None:
         named = baseline_run(store, spec)
         if named is not None:
-            return RunRef(store, named, spec, baseline_name=spec)
+            return RunRef(store, named)
         if run_id(spec) in stored_runs(store):
-            return RunRef(store, run_id(spec), spec)
+            return RunRef(store, run_id(spec))
     folder, sep, run = spec.partition("::")
     path = Path(folder)
     if (path / "sources").is_dir():
@@ -47,10 +45,10 @@ def resolve(spec: str, store: Path | None, stack: contextlib.ExitStack) -> RunRe
         if sep:
             if run_id(run) not in runs:
                 raise NotFound(f"{spec}: no run {run!r} in store {path} (runs: {', '.join(runs) or 'none'})")
-            return RunRef(path, run_id(run), spec)
+            return RunRef(path, run_id(run))
         if len(runs) != 1:
             raise UsageError(f"{spec}: store holds {len(runs)} runs ({', '.join(runs)}); name one as {path}::RUN")
-        return RunRef(path, runs[0], spec)
+        return RunRef(path, runs[0])
     if path.exists():
         return _ingest(path, stack)
     if store is not None:
@@ -73,7 +71,7 @@ def _ingest(path: Path, stack: contextlib.ExitStack) -> RunRef:
     report = ingest_paths([path], tmp, default_run_name(files))
     if report.errors:
         raise TraceFormatError(path, "unreadable trace: " + "; ".join(report.errors))
-    return RunRef(tmp, report.run, str(path))
+    return RunRef(tmp, report.run)
 
 
 @contextlib.contextmanager

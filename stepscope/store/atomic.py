@@ -67,12 +67,6 @@ def atomic_write(target: Path | str, mode: str = "wb", encoding: str | None = No
         raise
 
 
-def write_bytes_atomic(target: Path | str, data: bytes) -> None:
-    """Replace ``target`` with ``data``, atomically."""
-    with atomic_write(target) as handle:
-        handle.write(data)
-
-
 def write_text_atomic(target: Path | str, text: str) -> None:
     """Replace ``target`` with ``text`` (UTF-8), atomically."""
     with atomic_write(target, "w", encoding="utf-8") as handle:

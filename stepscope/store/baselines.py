@@ -83,11 +83,6 @@ def record_acceptance(store: Path | str, run: str, reason: str, *, baseline: str
     return path
 
 
-def load_acceptance(store: Path | str, run: str) -> dict[str, Any] | None:
-    path = Path(store) / ACCEPTANCES_DIR / f"{run}.json"
-    return _read(path) if path.exists() else None
-
-
 def forget_acceptance(store: Path | str, run: str) -> None:
     """Remove the acceptance record of ``run`` (when the run itself is pruned)."""
     (Path(store) / ACCEPTANCES_DIR / f"{run}.json").unlink(missing_ok=True)
