@@ -102,3 +102,22 @@ def test_other_code_is_not_served_a_cached_frame(tmp_path: Path, monkeypatch: py
     assert host_breakdown(open_store(root), "r").equals(first)
     [new] = (root / "cache" / "host_breakdown" / "run=r").glob("*.parquet")
     assert new.name != old.name  # recomputed under a new key; the stale file removed
+
+
+def test_an_absence_is_kept_with_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU-only run has no GPU breakdown: the reason is kept and served without the query."""
+    from stepscope.analysis.absent import Absent
+    from stepscope.store.catalog import Store
+    from tests.conftest import REPO
+
+    root = tmp_path / "store"
+    assert ingest_paths([REPO / "sample_traces" / "cpu-transformer"], root, "r").ok
+    first = step_breakdown(open_store(root), "r")
+    assert isinstance(first, Absent)
+    [kept] = (root / "cache" / "step_breakdown" / "run=r").glob("*.absent")
+    assert kept.read_text() == first.reason
+    queries: list[str] = []
+    original = Store.sql
+    monkeypatch.setattr(Store, "sql", lambda self, q, p=None: queries.append(q) or original(self, q, p))
+    assert step_breakdown(open_store(root), "r") == first
+    assert all("FROM sources WHERE run" in q for q in queries)  # only the key's lookup of the sources

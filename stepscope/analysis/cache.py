@@ -10,8 +10,10 @@ code computed; no hand-kept list of files to forget). Stale files of
 the same frame and run are removed when a new one is written.
 
 Only whole-run calls are cached (``ranks=None``); a subset of ranks is computed directly.
-``Absent`` results are not cached (they are cheap to recompute). A store folder that cannot be
-written (read-only mount) just means no cache: the frame is computed and returned.
+An ``Absent`` result is kept too, as its reason in ``<key>.absent``: deciding that a CPU-only run
+has no GPU breakdown runs the whole query (a quarter of a second on the sample runs), and the
+gate asks for it on every comparison. A store folder that cannot be written (read-only mount)
+just means no cache: the frame is computed and returned.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stepscope.analysis.absent import Absent
 from stepscope.store.atomic import atomic_write, write_text_atomic
 from stepscope.store.schema import SCHEMA_VERSION
 
@@ -98,12 +101,35 @@ def cache_path(root: Path, frame: str, run: str, key: str) -> Path:
     return root / "cache" / frame / f"run={run}" / f"{key}.parquet"
 
 
-def _write(path: Path, table: pa.Table) -> None:
-    with atomic_write(path) as handle:
-        pq.write_table(table, handle)
-    for stale in path.parent.glob("*.parquet"):
-        if stale != path:
+ABSENT_SUFFIX = ".absent"
+
+
+def _write(path: Path, result: pa.Table | Absent) -> None:
+    """Keep ``result`` at ``path`` (a table) or beside it (an absence's reason); remove the
+    frame's files of other keys."""
+    if isinstance(result, Absent):
+        kept = path.with_suffix(ABSENT_SUFFIX)
+        write_text_atomic(kept, result.reason)
+    else:
+        kept = path
+        with atomic_write(path) as handle:
+            pq.write_table(result, handle)
+    for stale in [*path.parent.glob("*.parquet"), *path.parent.glob(f"*{ABSENT_SUFFIX}")]:
+        if stale != kept:
             stale.unlink(missing_ok=True)
+
+
+def _read(path: Path) -> pa.Table | Absent | None:
+    """The kept result for ``path``'s key, or None when there is none (or it cannot be read)."""
+    absent = path.with_suffix(ABSENT_SUFFIX)
+    try:
+        if path.is_file():
+            return pq.read_table(path)
+        if absent.is_file():
+            return Absent(absent.read_text(encoding="utf-8"))
+    except (OSError, pa.ArrowInvalid, UnicodeDecodeError) as exc:
+        log.warning("%s: unreadable cache file, recomputing (%s)", path, exc)
+    return None
 
 
 def cached_frame(frame: str) -> Callable[[F], F]:
@@ -122,13 +148,11 @@ def cached_frame(frame: str) -> Callable[[F], F]:
                 return func(store, run, *args, **kwargs)
             key = run_key(store, run, repr(sorted(options.items())))
             path = cache_path(Path(root), frame, run, key)
-            if path.is_file():
-                try:
-                    return pq.read_table(path)
-                except (OSError, pa.ArrowInvalid) as exc:
-                    log.warning("%s: unreadable cache file, recomputing (%s)", path, exc)
+            kept = _read(path)
+            if kept is not None:
+                return kept
             result = func(store, run, *args, **kwargs)
-            if isinstance(result, pa.Table):
+            if isinstance(result, (pa.Table, Absent)):
                 try:
                     _write(path, result)
                 except OSError as exc:

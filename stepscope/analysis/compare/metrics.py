@@ -205,13 +205,14 @@ def _per_step_rate(rows: list[dict[str, Any]], amount: str) -> list[float]:
     return [moved / ns for moved, ns in (totals[k] for k in sorted(totals)) if ns > 0]
 
 
-def busbw_samples(store: SQLStore, run: str) -> Maybe[list[float]]:
+def busbw_samples(kernels: list[dict[str, Any]]) -> Maybe[list[float]]:
     """Bus bandwidth per rank and step (GB/s): the step's collective kernels' bytes times their
-    nccl-tests bus factor over their summed time (:func:`stepscope.analysis.comm.collective_kernels`,
-    ``busbw_gbps * dur_ns`` is that product). Host-side (gloo, CPU) collectives are left out:
-    their duration is the CPU op's, not a transfer's."""
+    nccl-tests bus factor over their summed time (``kernels``: the rows of
+    :func:`stepscope.analysis.comm.collective_kernels`, whose ``busbw_gbps * dur_ns`` is that
+    product). Host-side (gloo, CPU) collectives are left out: their duration is the CPU op's, not
+    a transfer's."""
     rows = [{**r, "moved": None if r["busbw_gbps"] is None else r["busbw_gbps"] * r["dur_ns"]}
-            for r in collective_kernels(store, run).to_pylist() if not r["host_side"]]
+            for r in kernels if not r["host_side"]]
     values = _per_step_rate(rows, "moved")
     return values or Absent("no device collectives with a known size and bus factor inside steps")
 
@@ -270,12 +271,12 @@ def collective_stats(store: SQLStore, run: str) -> Maybe[list[NamedStat]]:
     return [NamedStat(key, med_bw.get(key), med_count[key]) for key in sorted(med_count)]
 
 
-def collectives_per_step(store: SQLStore, run: str) -> Maybe[dict[str, float]]:
-    """Collective kind -> median count per (rank, step), from the per-kernel table of
+def collectives_per_step(kernels: list[dict[str, Any]]) -> Maybe[dict[str, float]]:
+    """Collective kind -> median count per (rank, step), from the rows of
     :func:`stepscope.analysis.comm.collective_kernels` (kernels outside any step are left out)."""
     per: dict[str, dict[tuple[int, int], int]] = defaultdict(lambda: defaultdict(int))
     rank_steps: set[tuple[int, int]] = set()
-    for row in collective_kernels(store, run).to_pylist():
+    for row in kernels:
         if row["step"] is None:
             continue
         per[row["collective"] or "unknown"][(row["rank"], row["step"])] += 1
@@ -306,7 +307,8 @@ def run_profile(store: SQLStore, run: str, *, use_step_times: bool) -> RunProfil
     """Gather everything the comparison needs about ``run``."""
     facts = run_facts(store, run)
     source, samples = step_samples(store, run, use_step_times=use_step_times)
-    samples["busbw"] = busbw_samples(store, run)
+    kernels = collective_kernels(store, run).to_pylist()
+    samples["busbw"] = busbw_samples(kernels)
     samples.update(copy_bandwidth_samples(store, run))
     peaks, device = peak_memory_samples(store, run)
     return RunProfile(
@@ -318,5 +320,5 @@ def run_profile(store: SQLStore, run: str, *, use_step_times: bool) -> RunProfil
         kernels=kernel_stats(store, run, facts.steps),
         collectives=collective_stats(store, run),
         copies=copy_stats(store, run),
-        collectives_per_step=collectives_per_step(store, run),
+        collectives_per_step=collectives_per_step(kernels),
     )
