@@ -75,26 +75,36 @@ class Budget:
                 "kind": "relative" if self.relative else "absolute", "threshold": self.threshold}
 
 
+def _known_metric(what: str, text: str, metric: str) -> str:
+    if metric not in BUDGET_METRICS:
+        raise UsageError(f"{what} {text!r}: unknown metric {metric!r}; known: {', '.join(BUDGET_METRICS)}")
+    return metric
+
+
+def _in_metric_unit(what: str, text: str, metric: str, value: float, unit: str, alternatives: str = "") -> float:
+    """``value`` ``unit`` in ``metric``'s own unit (ns, bytes, GB/s); a clear error when the unit
+    does not fit the metric."""
+    units = UNITS_BY_DIMENSION[BUDGET_METRICS[metric]]
+    if unit not in units:
+        raise UsageError(f"{what} {text!r}: unit {unit!r} does not fit {metric} (use {alternatives}one of "
+                         f"{', '.join(units)})")
+    return value * units[unit]
+
+
 def parse_budget(text: str) -> Budget:
     """``"step_time:+5%"`` -> :class:`Budget`; a clear :class:`UsageError` otherwise."""
     match = _BUDGET.match(text)
     if not match:
         raise UsageError(f"budget {text!r}: expected METRIC:+N% or METRIC:+N<unit>, e.g. step_time:+5% "
                          "or comm_exposed:+2ms")
-    metric = match["metric"]
-    if metric not in BUDGET_METRICS:
-        raise UsageError(f"budget {text!r}: unknown metric {metric!r}; known: {', '.join(BUDGET_METRICS)}")
+    metric = _known_metric("budget", text, match["metric"])
     value = float(match["value"])
     unit = match["unit"]
     direction = 1 if match["sign"] == "+" else -1
     canonical = f"{metric}:{match['sign']}{match['value']}{unit}"
     if unit == "%":
         return Budget(metric, direction, value / 100, True, canonical)
-    units = UNITS_BY_DIMENSION[BUDGET_METRICS[metric]]
-    if unit not in units:
-        raise UsageError(f"budget {text!r}: unit {unit!r} does not fit {metric} (use % or one of "
-                         f"{', '.join(units)})")
-    return Budget(metric, direction, value * units[unit], False, canonical)
+    return Budget(metric, direction, _in_metric_unit("budget", text, metric, value, unit, "% or "), False, canonical)
 
 
 _FLOOR = re.compile(r"^\s*(?P<metric>[a-z_0-9]+)\s*:\s*\+?\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[A-Za-z/]+)\s*$")
@@ -107,14 +117,8 @@ def parse_floor(text: str) -> tuple[str, float]:
     if not match:
         raise UsageError(f"floor {text!r}: expected METRIC:AMOUNT with a unit, e.g. step_time:1ms or "
                          "peak_memory:64MiB")
-    metric = match["metric"]
-    if metric not in BUDGET_METRICS:
-        raise UsageError(f"floor {text!r}: unknown metric {metric!r}; known: {', '.join(BUDGET_METRICS)}")
-    units = UNITS_BY_DIMENSION[BUDGET_METRICS[metric]]
-    if match["unit"] not in units:
-        raise UsageError(f"floor {text!r}: unit {match['unit']!r} does not fit {metric} (use one of "
-                         f"{', '.join(units)})")
-    return metric, float(match["value"]) * units[match["unit"]]
+    metric = _known_metric("floor", text, match["metric"])
+    return metric, _in_metric_unit("floor", text, metric, float(match["value"]), match["unit"])
 
 
 def floors(texts: list[str] | tuple[str, ...] = ()) -> dict[str, float]:
