@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from stepscope.store import schema
+from stepscope.store.dedupe import INDEX_NAME
 
 COMMIT_TABLE = "sources"
 CACHE_DIR = "cache"
@@ -28,10 +29,12 @@ def _tables_commit_last() -> list[str]:
 
 
 def remove_run(root: Path | str, run: str) -> None:
-    """Delete every partition of ``run`` (``sources`` first) and its cached frames."""
+    """Delete every partition of ``run`` (``sources`` first), its content index and its cached
+    frames."""
     root = Path(root)
     for table in reversed(_tables_commit_last()):
         shutil.rmtree(root / table / f"run={run}", ignore_errors=True)
+    shutil.rmtree(root / INDEX_NAME / f"run={run}", ignore_errors=True)
     for cached in (root / CACHE_DIR).glob(f"*/run={run}"):
         shutil.rmtree(cached, ignore_errors=True)
 
