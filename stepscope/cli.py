@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 import traceback
 from importlib import import_module
 from typing import Sequence
@@ -54,8 +55,8 @@ def _epilog() -> str:
 
 def build_parser(selected: str | None) -> argparse.ArgumentParser:
     """The parser; only the selected subcommand's module is imported to add its arguments."""
-    parser = argparse.ArgumentParser(prog="stepscope", description=DESCRIPTION, epilog=_epilog(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="stepscope", description=textwrap.fill(DESCRIPTION, 88),
+                                     epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"stepscope {__version__}")
     parser.add_argument("--debug", action="store_true",
                         help=f"print the traceback of an error (also: {DEBUG_ENV}=1)")
