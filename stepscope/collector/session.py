@@ -17,10 +17,13 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerAction
 
+from stepscope.collector.capture import CaptureSchedule
 from stepscope.collector.handler import TraceHandler
 from stepscope.collector.faults import FaultPolicy
 from stepscope.collector.options import PROFILING, RECORDING, Recording, Schedule, profiler_kwargs
 from stepscope.collector.step_timer import StepTimer
+from stepscope.collector.watch import Watch, watch_options
+from stepscope.collector.watcher import Watcher, start_watch
 from stepscope.collector.worker import DEFAULT_FLUSH_TIMEOUT_S
 
 log = logging.getLogger("stepscope.collector")
@@ -37,6 +40,8 @@ class Profile:
     ``convert`` is ``"process"`` (default) or ``"thread"``; ``flush_timeout_s`` bounds the wait
     for pending writes at exit; ``step_times_every_s`` is how often the step times are rewritten
     once a trace is stored; ``strict=True`` raises ``CollectorError`` instead of warning.
+    ``watch=True`` (or a ``stepscope.Watch``) watches every step and captures the steps after a
+    slow one on every rank (docs/WATCH.md); the default, None, profiles the schedule only.
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class Profile:
         convert: str = "process",
         flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
         step_times_every_s: float = 300.0,
+        watch: Watch | bool | None = None,
     ) -> None:
         self.schedule = Schedule(wait, warmup, active, repeat, skip_first)
         self.recording = Recording(record_shapes, profile_memory, with_stack, with_flops,
@@ -77,8 +83,14 @@ class Profile:
         self._step_times_due_ns: int | None = None
         self.step_num = 0
         """The step now running, numbered like ``ProfilerStep#N`` (from 0)."""
-        self._actions = self.schedule.torch_schedule()
+        self._watch = watch_options(watch)
+        self._captures = (CaptureSchedule(self.schedule.torch_schedule())
+                          if self._watch is not None else None)
+        self._actions = self._captures or self.schedule.torch_schedule()
         self._torch: torch.profiler.profile | None = None
+        self.watcher: Watcher | None = None
+        """The watch of this rank while ``watch`` is on (its ``anomalies``, ``captures``,
+        ``not_captured``), else None."""
 
     @property
     def policy(self) -> FaultPolicy:
@@ -100,7 +112,8 @@ class Profile:
             sink = self.handler.open()
             if self._actions(0) in PROFILING:
                 self.handler.start_memory_history()
-            prof = torch.profiler.profile(**profiler_kwargs(self.schedule, self.recording),
+            prof = torch.profiler.profile(**profiler_kwargs(self.schedule, self.recording,
+                                                            self._captures),
                                           on_trace_ready=self.handler)
             # The exported file describes itself too (versions, host, run, tags), for when it is
             # shared or ingested on its own; the store gets the same through ``metadata``.
@@ -108,7 +121,12 @@ class Profile:
                 {**sink.metadata, "run_name": sink.run_name, "tags": sink.tags}, default=str))
             prof.__enter__()
             self._torch = prof
+        if self._captures is not None and self._watch is not None:
+            self.watcher = start_watch(self._watch, self._captures, self.handler,
+                                       profiler_ok=self._torch is not None)
         self.timer.begin()
+        if self.watcher is not None:
+            self.watcher.resumed()
         return self
 
     def step(self, tokens: int | None = None, samples: int | None = None) -> None:
@@ -116,13 +134,21 @@ class Profile:
 
         Outside the profiled window this costs a clock read, a few appends and torch's own
         ``step()``; once the bounded schedule is done, torch's profiler is closed and only the
-        step timer remains (about a microsecond).
+        step timer remains (about a microsecond). The watch keeps torch's profiler open, idle
+        (~10 us per step, docs/WATCH.md).
         """
+        self._step(tokens, samples)
+        if self.watcher is not None:
+            self.watcher.resumed()
+
+    def _step(self, tokens: int | None, samples: int | None) -> None:
         step = self.step_num
         action = self._actions(step)
         recording = action in RECORDING
         self.timer.end_step(step, recording, tokens, samples)
         self.step_num = step + 1
+        if self.watcher is not None:
+            self.watcher.after_step(step, action, self.timer.last_ns)
         due = self._step_times_due_ns
         if due is not None and (self.timer.last_ns or 0) >= due:
             with self.policy.guard("queueing the step times"):
@@ -139,7 +165,8 @@ class Profile:
             if action is ProfilerAction.RECORD_AND_SAVE:
                 # The trace was just handed to the writer; the step times follow it in the queue.
                 self._submit_step_times()
-            if step >= self.schedule.last_step:
+            if step >= self.schedule.last_step and (self.watcher is None
+                                                    or self.watcher.finished(step)):
                 self._torch = None
                 prof.__exit__(None, None, None)
         except Exception as exc:  # noqa: BLE001 - never hurt the job
@@ -147,6 +174,8 @@ class Profile:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self.watcher is not None:
+            self.watcher.close(self.step_num)
         if self._torch is not None:
             try:
                 self._torch.__exit__(exc_type, exc, tb)
@@ -165,6 +194,8 @@ class Profile:
         """Stop profiling for good after a failure of the profiler itself; timing goes on."""
         prof, self._torch = self._torch, None
         self.policy.failed(what, exc)
+        if self.watcher is not None:
+            self.watcher.profiler_failed()
         if prof is not None:
             try:
                 prof.__exit__(None, None, None)
