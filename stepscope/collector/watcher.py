@@ -9,8 +9,8 @@ What is judged is the user's own work: the time from the return of one ``prof.st
 next call, so stepscope's own time at the boundary (the exchange, where a rank may wait for a
 slower one; starting and stopping the profiler) never counts, minus the CPU time the background
 writer used meanwhile (exporting a trace, writing tables: it competes with the step for the
-interpreter; waiting for the niced conversion child uses none). Profiled steps are not judged:
-profiling slows them by design.
+interpreter; waiting for the niced conversion child uses none). Profiled steps are not judged
+(profiling slows them by design), nor steps the writer took more than half of.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import logging
 import os
 import time
 from collections import Counter
-from typing import Any
 
 from torch.profiler import ProfilerAction
 
 from stepscope.collector.capture import CaptureSchedule, CaptureWindow, DiskBudget, RateBudget, rank_bytes
 from stepscope.collector.exchange import Exchange, open_exchange
 from stepscope.collector.faults import FaultPolicy
+from stepscope.collector.handler import TraceHandler
 from stepscope.collector.watch import (
     BLOCKED_DISK,
     BLOCKED_PROFILER,
@@ -51,7 +51,7 @@ class Watcher:
     ``capturing``: a capture was already under way, ``profiler off``); ``enabled`` turns False
     for good when an exchange fails."""
 
-    def __init__(self, options: Watch, schedule: CaptureSchedule, handler: Any,
+    def __init__(self, options: Watch, schedule: CaptureSchedule, handler: TraceHandler,
                  exchange: Exchange, disk: DiskBudget, policy: FaultPolicy,
                  profiler_ok: bool = True) -> None:
         self.options = options
@@ -98,9 +98,12 @@ class Watcher:
         writer_ns = self._writer_cpu()
         if (action is _IDLE and writer_ns is not None and end_ns is not None
                 and self._resumed_ns is not None):
-            trigger = self._detector.observe(step, end_ns - self._resumed_ns - writer_ns)
-            if trigger is not None and self._pending is None:
-                self._pending = trigger
+            elapsed = end_ns - self._resumed_ns
+            # Mostly writer time: the correction would be most of the figure; not judged.
+            if 2 * writer_ns <= elapsed:
+                trigger = self._detector.observe(step, elapsed - writer_ns)
+                if trigger is not None and self._pending is None:
+                    self._pending = trigger
         if self._solo:
             self._due = self._pending is not None
         elif (step + 1) % self.options.every == 0:
@@ -195,7 +198,7 @@ class Watcher:
                  self.rank, self.anomalies, len(self.captures), dict(self.not_captured) or "none")
 
 
-def start_watch(options: Watch, schedule: CaptureSchedule, handler: Any,
+def start_watch(options: Watch, schedule: CaptureSchedule, handler: TraceHandler,
                 profiler_ok: bool) -> Watcher | None:
     """The watch of this rank, or None (with one warning) when its process group cannot be
     created. Collective under torch.distributed: every rank calls it at the same point."""
