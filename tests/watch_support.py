@@ -39,7 +39,7 @@ class WatchJob:
     die_at: int | None = None
     """Step at whose end rank 1 dies, half a second after rank 0 entered the exchange."""
     ddp: bool = True
-    pad_s: float = 0.03
+    pad_s: float = 0.05
     wait: int = 3
     warmup: int = 1
     active: int = 2

@@ -22,7 +22,13 @@ from collections import Counter
 
 from torch.profiler import ProfilerAction
 
-from stepscope.collector.capture import CaptureSchedule, CaptureWindow, DiskBudget, RateBudget, rank_bytes
+from stepscope.collector.capture import (
+    CaptureSchedule,
+    CaptureWindow,
+    DiskBudget,
+    RateBudget,
+    rank_bytes,
+)
 from stepscope.collector.exchange import Exchange, open_exchange
 from stepscope.collector.faults import FaultPolicy
 from stepscope.collector.handler import TraceHandler
@@ -42,7 +48,6 @@ from stepscope.collector.watch import (
 log = logging.getLogger("stepscope.collector")
 
 _IDLE = ProfilerAction.NONE
-
 
 
 class Watcher:
@@ -189,7 +194,6 @@ class Watcher:
         profiler saves what it recorded), and the side group is released."""
         self._label_capture(step)
         if self.enabled:
-            self.enabled = False
             try:
                 self._exchange.close()
             except Exception:  # noqa: BLE001 - exiting anyway
