@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -271,10 +270,9 @@ def watch_rank(rank: int, world_size: int, port: int, args: argparse.Namespace, 
 def watch_benchmark(args: argparse.Namespace) -> None:
     """(a) bare loop, (t) step timer, (w) watch on a 2-rank gloo job, in one run."""
     import torch.multiprocessing as mp
+    from train_ddp_cpu import free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
     ranks = mp.spawn(watch_rank, args=(2, port, args, results), nprocs=2, join=False)

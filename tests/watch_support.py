@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import statistics
 import time
 from dataclasses import dataclass
@@ -45,12 +44,6 @@ class WatchJob:
     active: int = 2
     trace_dir: str | None = None
     strict: bool = True
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class _Records(logging.Handler):
@@ -122,6 +115,7 @@ def run_job(job: WatchJob, timeout_s: float = 180.0) -> tuple[dict[int, dict[str
     import queue
 
     import torch.multiprocessing as mp
+    from train_ddp_cpu import free_port
 
     context = mp.get_context("spawn")
     results = context.Queue()
