@@ -1,9 +1,9 @@
 """The watch on a real 2-rank gloo job: a slow step on one rank leaves a capture on both.
 
 Three jobs (tests/watch_support.py), each a few seconds on 2 cores: DDP where rank 1 sleeps 4x
-its median step at the end of steps 40 and 70 (the step takes 5x its usual time) under a budget
+its median step at the end of steps 50 and 100 (the step takes 5x its usual time) under a budget
 of one capture per hour; the same job without the sleeps; and a job whose rank 1 dies while rank
-0 waits for it in the watch's all-gather. Thresholds are wide (3x and 100 ms over a ~55 ms step,
+0 waits for it in the watch's all-gather. Thresholds are wide (4x and 100 ms over a ~55 ms step,
 judged from step 15 on) so that a loaded shared machine's jitter does not trigger captures of
 its own; rank 1's sleep makes its step ~5x and ~220 ms longer.
 """
@@ -26,9 +26,11 @@ from tests.watch_support import WatchJob, run_job  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-WATCH = stepscope.Watch(slow_factor=3, min_slow_ms=100, warmup_steps=15, every=10, capture_steps=3,
+WATCH = stepscope.Watch(slow_factor=4, min_slow_ms=100, warmup_steps=15, every=10, capture_steps=3,
                         max_per_hour=1, timeout_s=5)
-SLOW_AT = (40, 70)
+SLOW_AT = (50, 100)
+"""Far enough from the windows before them that their traces are written (the watch does not
+judge steps meanwhile)."""
 SCHEDULED = [4, 5]  # wait=3, warmup=1, active=2
 
 
@@ -55,7 +57,7 @@ def test_slow_step_on_rank_1_is_captured_on_both_ranks(slow_job: dict[str, Any],
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     store, reports = slow_job["store"], slow_job["reports"]
     captured = _expected_window(SLOW_AT[0])
-    # Both ranks agreed on the same window, named after rank 1's step 40.
+    # Both ranks agreed on the same window, named after rank 1's slow step.
     for rank in (0, 1):
         assert reports[rank]["captures"] == [(captured[0], captured[-1], 1, SLOW_AT[0])], reports[rank]["log"]
         assert reports[rank]["enabled"]
@@ -71,8 +73,12 @@ def test_slow_step_on_rank_1_is_captured_on_both_ranks(slow_job: dict[str, Any],
     timed = {r["step"]: r["wall_ns"] for r in store.sql(
         "SELECT step, wall_ns FROM step_times WHERE rank = 1 ORDER BY step").to_pylist()}
     assert reports[1]["slept_ns"][SLOW_AT[0]] <= observed <= timed[SLOW_AT[0]]
-    before = [timed[s] for s in range(SLOW_AT[0]) if s not in (*SCHEDULED, SCHEDULED[-1] + 1)]
-    assert abs(reference - statistics.median(before)) < 0.1 * statistics.median(before)
+    # The reference is the median of the steps the watch judged before (those stepscope did not
+    # disturb): within the middle of rank 1's step times before the slow step.
+    before = [timed[s] for s in range(SLOW_AT[0]) if s not in SCHEDULED]
+    deciles = statistics.quantiles(before, n=10)
+    assert deciles[0] <= reference <= deciles[-1]
+    assert observed > WATCH.slow_factor * reference
     # The store holds that window on both ranks, next to the scheduled one.
     windows = store.sql("SELECT rank, kind, list(step ORDER BY step) AS steps FROM windows w "
                         "JOIN steps s USING (run, rank, source) GROUP BY ALL ORDER BY rank, kind DESC"
@@ -148,7 +154,7 @@ def test_rank_killed_during_the_exchange_does_not_block_the_other(tmp_path: Path
     """Rank 1 dies half a second after rank 0 entered the all-gather at step 19 (no DDP: rank
     0's own training has no collectives, so it can go on alone)."""
     job = WatchJob(store=str(tmp_path / "store"), run="lost", watch=WATCH, die_at=19, ddp=False,
-                   strict=False)
+                   strict=False, convert="process", steps=60)
     reports, exits = run_job(job, timeout_s=120)
     assert exits[1] == -9 and exits[0] == 0
     survivor = reports[0]

@@ -166,6 +166,10 @@ def test_a_capture_window_keeps_clear_of_the_scheduled_one() -> None:
         A.WARMUP, A.RECORD, A.RECORD, A.RECORD_AND_SAVE, A.NONE]
     assert schedule.busy(9) and not schedule.busy(10)
     assert schedule.recording(7) is None and schedule.recording(10) is window
+    # A profiler opened for the capture alone (at the end of step 6) sees only its window.
+    assert schedule.starts_after(6) and not schedule.starts_after(5)
+    assert [schedule.captures_only(s) for s in range(12)] == [A.NONE] * 7 + [
+        A.WARMUP, A.RECORD, A.RECORD, A.RECORD_AND_SAVE, A.NONE]
     # Far from the scheduled window, it starts right after the agreement.
     later = schedule.plan(19, steps=2, warmup=0, trigger=trigger)
     assert (later.warmup_step, later.first_step, later.last_step) == (20, 20, 21)

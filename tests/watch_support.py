@@ -31,7 +31,7 @@ class WatchJob:
     store: str
     run: str
     watch: stepscope.Watch
-    steps: int = 90
+    steps: int = 120
     slow_rank: int = 1
     slow_at: tuple[int, ...] = ()
     """Steps at whose end ``slow_rank`` sleeps 4x its median step (after its collectives)."""
@@ -44,6 +44,10 @@ class WatchJob:
     active: int = 2
     trace_dir: str | None = None
     strict: bool = True
+    convert: str = "thread"
+    """In the writer thread: the watch judges no step while a trace is written, and a niced
+    conversion child can take many seconds on a loaded 2-core machine; in the thread it takes
+    about one."""
 
 
 class _Records(logging.Handler):
@@ -80,7 +84,7 @@ def watch_rank(rank: int, world_size: int, port: int, job: WatchJob, results: An
     started = time.perf_counter()
     with stepscope.profile(store=job.store, run=job.run, wait=job.wait, warmup=job.warmup,
                            active=job.active, watch=job.watch, trace_dir=job.trace_dir,
-                           strict=job.strict) as prof:
+                           strict=job.strict, convert=job.convert) as prof:
         for step in range(job.steps):
             t0 = time.perf_counter_ns()
             train_step(trained, optimizer, synthetic_batch(cfg, data))

@@ -2,9 +2,10 @@
 
 torch.profiler asks its schedule for the action of every step. ``CaptureSchedule`` answers with
 the user's bounded schedule, except inside a capture window the watch planned: WARMUP for
-``capture_warmup`` steps, RECORD, and RECORD_AND_SAVE on the last step. The profiler object stays
-open (idle) for the whole run, so ``ProfilerStep#N`` is the global step in every window, and a
-capture records exactly the activities and flags of the scheduled window.
+``capture_warmup`` steps, RECORD, and RECORD_AND_SAVE on the last step. While the scheduled
+profiler is open it follows the whole schedule; after it closed (as without the watch), a capture
+opens a profiler of its own that follows ``captures_only``. Either way the profiler is built
+with the same activities and flags, and ``ProfilerStep#N`` counts global steps.
 """
 
 from __future__ import annotations
@@ -66,6 +67,18 @@ class CaptureSchedule:
         if window is not None and window.warmup_step <= step <= window.last_step:
             return window.action(step)
         return self._scheduled(step)
+
+    def captures_only(self, step: int) -> ProfilerAction:
+        """The capture window's actions, NONE elsewhere (for a profiler opened for a capture:
+        torch asks it for step 0 too, which is never in a capture)."""
+        window = self.window
+        if window is not None and window.warmup_step <= step <= window.last_step:
+            return window.action(step)
+        return ProfilerAction.NONE
+
+    def starts_after(self, step: int) -> bool:
+        """A capture window begins (warm-up) at step ``step + 1``."""
+        return self.window is not None and self.window.warmup_step == step + 1
 
     def busy(self, step: int) -> bool:
         """A capture is planned or running after step ``step``."""

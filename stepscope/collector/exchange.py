@@ -52,7 +52,8 @@ class GlooExchange:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self._timeout = timedelta(seconds=timeout_s)
-        self._group = dist.new_group(backend="gloo", timeout=self._timeout)
+        self._group: dist.ProcessGroup | None = dist.new_group(backend="gloo",
+                                                                timeout=self._timeout)
         self._row_length = row_length
 
     def all_gather(self, row: list[int]) -> list[list[int]]:

@@ -11,7 +11,7 @@ import json
 import logging
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -88,6 +88,7 @@ class Profile:
                           if self._watch is not None else None)
         self._actions = self._captures or self.schedule.torch_schedule()
         self._torch: torch.profiler.profile | None = None
+        self._profiler_failed = False
         self.watcher: Watcher | None = None
         """The watch of this rank while ``watch`` is on (its ``anomalies``, ``captures``,
         ``not_captured``), else None."""
@@ -109,18 +110,10 @@ class Profile:
 
     def __enter__(self) -> Profile:
         with self.policy.guard("starting the profiler"):
-            sink = self.handler.open()
+            self.handler.open()
             if self._actions(0) in PROFILING:
                 self.handler.start_memory_history()
-            prof = torch.profiler.profile(**profiler_kwargs(self.schedule, self.recording,
-                                                            self._captures),
-                                          on_trace_ready=self.handler)
-            # The exported file describes itself too (versions, host, run, tags), for when it is
-            # shared or ingested on its own; the store gets the same through ``metadata``.
-            prof.preset_metadata_json("stepscope", json.dumps(
-                {**sink.metadata, "run_name": sink.run_name, "tags": sink.tags}, default=str))
-            prof.__enter__()
-            self._torch = prof
+            self._torch = self._start_profiler(self._actions, 0)
         if self._captures is not None and self._watch is not None:
             self.watcher = start_watch(self._watch, self._captures, self.handler,
                                        profiler_ok=self._torch is not None)
@@ -134,12 +127,41 @@ class Profile:
 
         Outside the profiled window this costs a clock read, a few appends and torch's own
         ``step()``; once the bounded schedule is done, torch's profiler is closed and only the
-        step timer remains (about a microsecond). The watch keeps torch's profiler open, idle
-        (~10 us per step, docs/WATCH.md).
+        step timer remains (about a microsecond); the watch adds a few microseconds, and
+        opens a profiler again for each capture (docs/WATCH.md).
         """
         self._step(tokens, samples)
         if self.watcher is not None:
             self.watcher.resumed()
+
+    def _start_profiler(self, actions: Callable[[int], ProfilerAction], step: int
+                        ) -> torch.profiler.profile:
+        """A torch profiler following ``actions``, entered during step ``step``: its
+        ``ProfilerStep#N`` markers number steps globally (``step_num``), also when it is opened
+        late in the run for a capture."""
+        sink = self.handler.open()
+        prof = torch.profiler.profile(**profiler_kwargs(self.schedule, self.recording, actions),
+                                      on_trace_ready=self.handler)
+        # The exported file describes itself too (versions, host, run, tags), for when it is
+        # shared or ingested on its own; the store gets the same through ``metadata``.
+        prof.preset_metadata_json("stepscope", json.dumps(
+            {**sink.metadata, "run_name": sink.run_name, "tags": sink.tags}, default=str))
+        prof.step_num = step
+        prof.__enter__()
+        return prof
+
+    def _open_for_capture(self, step: int) -> torch.profiler.profile | None:
+        """Once the scheduled windows are over torch's profiler is closed (an idle one costs
+        ~0.1 ms per step); a capture whose warm-up starts at step ``step + 1`` opens a new one,
+        following the capture window alone, and it closes again after the window."""
+        captures = self._captures
+        if captures is None or self._profiler_failed or not captures.starts_after(step):
+            return None
+        try:
+            self._torch = self._start_profiler(captures.captures_only, step)
+        except Exception as exc:  # noqa: BLE001 - never hurt the job
+            self._give_up("starting the profiler for a capture", exc)
+        return self._torch
 
     def _step(self, tokens: int | None, samples: int | None) -> None:
         step = self.step_num
@@ -155,6 +177,8 @@ class Profile:
                 self._submit_step_times()
         prof = self._torch
         if prof is None:
+            prof = self._open_for_capture(step)
+        if prof is None:
             return
         try:
             if recording and self.handler.roles.enabled:
@@ -165,8 +189,8 @@ class Profile:
             if action is ProfilerAction.RECORD_AND_SAVE:
                 # The trace was just handed to the writer; the step times follow it in the queue.
                 self._submit_step_times()
-            if step >= self.schedule.last_step and (self.watcher is None
-                                                    or self.watcher.finished(step)):
+            if step >= self.schedule.last_step and not (self._captures is not None
+                                                        and self._captures.busy(step)):
                 self._torch = None
                 prof.__exit__(None, None, None)
         except Exception as exc:  # noqa: BLE001 - never hurt the job
@@ -193,6 +217,7 @@ class Profile:
     def _give_up(self, what: str, exc: Exception) -> None:
         """Stop profiling for good after a failure of the profiler itself; timing goes on."""
         prof, self._torch = self._torch, None
+        self._profiler_failed = True
         self.policy.failed(what, exc)
         if self.watcher is not None:
             self.watcher.profiler_failed()

@@ -22,8 +22,14 @@ from dataclasses import dataclass
 
 from stepscope.errors import UsageError
 
-TRIGGER_KINDS = ("slow_step", "straggler")
-"""Values of ``captures.trigger_kind``."""
+TRIGGER_KINDS = {
+    "slow_step": "slow step {step} on rank {rank} ({observed:.1f} ms, {ratio:.1f}x the rolling "
+                 "median {reference:.1f} ms)",
+    "straggler": "rank {rank} straggling at step {step} (median step {observed:.1f} ms, "
+                 "{ratio:.1f}x the other ranks' median {reference:.1f} ms)",
+}
+"""Values of ``captures.trigger_kind``, with how a log line describes each."""
+_KIND_CODES = tuple(TRIGGER_KINDS)
 
 MIN_HISTORY = 5
 """Steps in the rolling median before a step is judged against it."""
@@ -116,10 +122,9 @@ class Trigger:
         return self.observed_ns / self.reference_ns if self.reference_ns > 0 else float("inf")
 
     def describe(self) -> str:
-        what = "slow step" if self.kind == "slow_step" else "straggler"
-        return (f"{what} {self.step} on rank {self.rank} ({self.observed_ns / 1e6:.1f} ms, "
-                f"{self.ratio:.1f}x the {'rolling' if self.kind == 'slow_step' else 'other ranks'}"
-                f" median {self.reference_ns / 1e6:.1f} ms)")
+        return TRIGGER_KINDS[self.kind].format(step=self.step, rank=self.rank,
+                                               observed=self.observed_ns / 1e6,
+                                               reference=self.reference_ns / 1e6, ratio=self.ratio)
 
 
 class RollingMedian:
@@ -194,7 +199,7 @@ class RankReport:
 
     def encode(self) -> list[int]:
         t = self.trigger
-        kind = 0 if t is None else TRIGGER_KINDS.index(t.kind) + 1
+        kind = 0 if t is None else _KIND_CODES.index(t.kind) + 1
         return [self.step, kind, t.step if t else self._NONE, t.observed_ns if t else self._NONE,
                 t.reference_ns if t else self._NONE,
                 self._NONE if self.recent_ns is None else self.recent_ns, self.blocked]
@@ -203,7 +208,7 @@ class RankReport:
     def decode(cls, rank: int, row: Sequence[int]) -> RankReport:
         step, kind, t_step, observed, reference, recent, blocked = (int(v) for v in row)
         trigger = (None if kind == 0 else
-                   Trigger(TRIGGER_KINDS[kind - 1], rank, t_step, observed, reference))
+                   Trigger(_KIND_CODES[kind - 1], rank, t_step, observed, reference))
         return cls(rank, step, trigger, None if recent == cls._NONE else recent, blocked)
 
 

@@ -7,10 +7,11 @@ and every ``every`` steps one all-gather of seven int64 per rank (docs/WATCH.md)
 
 What is judged is the user's own work: the time from the return of one ``prof.step()`` to the
 next call, so stepscope's own time at the boundary (the exchange, where a rank may wait for a
-slower one; starting and stopping the profiler) never counts, minus the CPU time the background
-writer used meanwhile (exporting a trace, writing tables: it competes with the step for the
-interpreter; waiting for the niced conversion child uses none). Profiled steps are not judged
-(profiling slows them by design), nor steps the writer took more than half of.
+slower one; starting and stopping the profiler) never counts. Steps stepscope disturbs are not
+judged at all: profiled steps (profiling slows them by design) and steps during which the
+background writer had work (exporting a trace competes for the interpreter, and converting it,
+even in a niced child, measurably slowed the steps of a CPU-bound job: 2-4x for the second or
+so it took on 2 cores). Otherwise a capture would slow the steps after it and trigger the next.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class Watcher:
         self._pending: Trigger | None = None
         self._due = False
         self._resumed_ns: int | None = None
-        self._writer_ns = handler.writer.cpu_ns()
+        self._writer_seen: tuple[int, bool] = (handler.writer.submitted, handler.writer.busy)
 
     @property
     def rank(self) -> int:
@@ -100,15 +101,11 @@ class Watcher:
                 self._policy.raise_pending()
 
     def _watch(self, step: int, action: ProfilerAction, end_ns: int | None) -> None:
-        writer_ns = self._writer_cpu()
-        if (action is _IDLE and writer_ns is not None and end_ns is not None
-                and self._resumed_ns is not None):
-            elapsed = end_ns - self._resumed_ns
-            # Mostly writer time: the correction would be most of the figure; not judged.
-            if 2 * writer_ns <= elapsed:
-                trigger = self._detector.observe(step, elapsed - writer_ns)
-                if trigger is not None and self._pending is None:
-                    self._pending = trigger
+        quiet = self._writer_quiet()
+        if action is _IDLE and quiet and end_ns is not None and self._resumed_ns is not None:
+            trigger = self._detector.observe(step, end_ns - self._resumed_ns)
+            if trigger is not None and self._pending is None:
+                self._pending = trigger
         if self._solo:
             self._due = self._pending is not None
         elif (step + 1) % self.options.every == 0:
@@ -118,15 +115,13 @@ class Watcher:
         if self._due and action is _IDLE:
             self._exchange_at(step)
 
-    def _writer_cpu(self) -> int | None:
-        """CPU time the background writer used since the last step ended; None when it cannot
-        be told and the writer was busy (the step is then not judged)."""
+    def _writer_quiet(self) -> bool:
+        """The background writer had nothing to do during the step that just ended: idle at
+        both ends, and no job queued in between (jobs are queued at step boundaries)."""
         writer = self._handler.writer
-        now = writer.cpu_ns()
-        before, self._writer_ns = self._writer_ns, now
-        if now is None or before is None:
-            return None if writer.busy else 0
-        return now - before
+        now = (writer.submitted, writer.busy)
+        (submitted, was_busy), self._writer_seen = self._writer_seen, now
+        return not was_busy and not now[1] and now[0] == submitted
 
     def _exchange_at(self, step: int) -> None:
         report = RankReport(self.rank, step, self._pending, self._detector.take_recent(),
@@ -184,10 +179,6 @@ class Watcher:
         """This rank's profiler is gone: keep exchanging (so no rank waits for this one), but
         block every capture."""
         self._profiler_ok = False
-
-    def finished(self, step: int) -> bool:
-        """Nothing left to profile after ``step``: the watch is off and no capture is pending."""
-        return not self.enabled and not self.schedule.busy(step)
 
     def close(self, step: int) -> None:
         """The run ends during step ``step``: a capture cut short is still labelled (the

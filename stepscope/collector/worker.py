@@ -42,8 +42,9 @@ class BackgroundWriter:
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_pending)
         self._thread = threading.Thread(target=self._loop, name="stepscope-writer", daemon=True)
         self._thread.start()
-        self._cpu_clock = _thread_cpu_clock(self._thread)
         self._closed = False
+        self.submitted = 0
+        """Jobs queued so far (with ``busy``, tells whether the writer worked during a step)."""
         # An interpreter exiting without close() (an exception escaping the with-block is
         # handled by close(); os._exit is not) still gets its bounded flush.
         self._atexit = _close_at_exit(weakref.ref(self))
@@ -56,6 +57,7 @@ class BackgroundWriter:
             return False
         try:
             self._queue.put_nowait(Job(what, run))
+            self.submitted += 1
         except queue.Full:
             self._policy.failed(what, RuntimeError(
                 f"{self._queue.maxsize} earlier traces are still being written"))
@@ -66,17 +68,6 @@ class BackgroundWriter:
     def busy(self) -> bool:
         """Jobs are queued or running."""
         return self._queue.unfinished_tasks > 0
-
-    def cpu_ns(self) -> int | None:
-        """CPU time the writer thread has used so far (ns): what its work took from this
-        process (waiting for a conversion child uses none). None where the platform cannot
-        tell (no ``pthread_getcpuclockid``) or once the thread has ended."""
-        if self._cpu_clock is None:
-            return None
-        try:
-            return time.clock_gettime_ns(self._cpu_clock)
-        except OSError:
-            return None
 
     def flush(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every queued job to finish; True when all did."""
@@ -119,16 +110,6 @@ class BackgroundWriter:
                     log.debug("stepscope: %s took %.3f s", job.what, time.perf_counter() - started)
             finally:
                 self._queue.task_done()
-
-
-def _thread_cpu_clock(thread: threading.Thread) -> int | None:
-    getter = getattr(time, "pthread_getcpuclockid", None)
-    if getter is None or thread.ident is None:
-        return None
-    try:
-        return int(getter(thread.ident))
-    except OSError:
-        return None
 
 
 def _close_at_exit(ref: weakref.ReferenceType[BackgroundWriter]) -> Callable[[], None]:
