@@ -11,14 +11,8 @@ from typing import Any, Callable
 import pytest
 
 from stepscope.analysis.absent import NO_GPU_EVENTS, NO_STEPS, Absent
-from stepscope.analysis.breakdown import (
-    HOST_BREAKDOWN_COLUMNS,
-    STEP_BREAKDOWN_COLUMNS,
-    host_breakdown,
-    rank_totals,
-    step_breakdown,
-    step_windows,
-)
+from stepscope.analysis.breakdown import host_breakdown, rank_totals, step_breakdown, step_windows
+from stepscope.analysis.parts import GPU, HOST
 from stepscope.store import open_store
 from tests._intervals import clip, intersect, length, load_trace, subtract, to_ns, union
 
@@ -63,11 +57,14 @@ def test_step_parts_are_disjoint_and_sum_exactly_to_the_step(ingested: Callable[
     assert rows
     previous_end: dict[int, int] = {}
     for row in rows:
-        parts = [row[c] for c in STEP_BREAKDOWN_COLUMNS]
+        parts = [row[c] for c in GPU.columns]
         assert all(p >= 0 for p in parts), row
         assert sum(parts) == row["dur_ns"] == row["end_ns"] - row["start_ns"], row
-        idle_causes = row["idle_host_wait_ns"] + row["idle_kernel_wait_ns"] + row["idle_other_ns"]
-        assert idle_causes == row["idle_ns"], row
+        assert sum(row[leaf.column] for leaf in GPU.leaves()) == row["dur_ns"], row
+        for part in GPU.parts:
+            if part.sub_parts:  # e.g. idle = host wait + kernel wait + other
+                assert sum(row[s.column] for s in part.sub_parts) == row[part.column], (part.name, row)
+                assert all(row[s.column] >= 0 for s in part.sub_parts), (part.name, row)
         assert 0 <= row["comm_overlapped_ns"] <= row["compute_ns"], row
         # The window holds the CPU step (unless an earlier step's GPU work ran past its start)
         # and never overlaps the previous window.
@@ -80,7 +77,7 @@ def test_step_parts_are_disjoint_and_sum_exactly_to_the_step(ingested: Callable[
 def test_host_parts_are_disjoint_and_sum_exactly_to_the_step(ingested: Callable[[str], Path], relative: str) -> None:
     rows = _rows(host_breakdown(open_store(ingested(relative)), "t"))
     for row in rows:
-        parts = [row[c] for c in HOST_BREAKDOWN_COLUMNS]
+        parts = [row[c] for c in HOST.columns]
         assert all(p >= 0 for p in parts), row
         assert sum(parts) == row["dur_ns"], row
 

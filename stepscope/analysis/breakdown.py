@@ -15,34 +15,77 @@ Definitions are in docs/ANALYSIS.md; in short:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
 from stepscope.analysis._sql import rank_filter, sweep_ctes
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.absent import NO_COMMUNICATION, NO_GPU_EVENTS, NO_STEPS, Absent, Maybe, missing_rank
+from stepscope.analysis.parts import (
+    COMM_EXPOSED,
+    COMPUTE,
+    GPU,
+    HOST,
+    IDLE,
+    IDLE_HOST_WAIT,
+    IDLE_KERNEL_WAIT,
+    IDLE_OTHER,
+    Breakdown,
+    Hidden,
+    Part,
+)
 from stepscope.analysis.sections import SQLStore
 
-GPU_KINDS_SQL = "('kernel', 'memcpy', 'memset')"
 
-GPU_CLASSES: tuple[str, ...] = (
-    "compute",
-    "communication",
-    "memcpy_h2d",
-    "memcpy_d2h",
-    "memcpy_d2d",
-    "memcpy_other",
-    "memset",
-)
-"""``events.category`` of GPU work in priority order: a segment where several are active
-belongs to the first. The index is the class number used in the SQL."""
+def _sql_list(values: Sequence[str]) -> str:
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
+
+
+GPU_KINDS_SQL = _sql_list(GPU.kinds)
 
 KERNEL_WAIT_NS = 30_000
 """HTA's ``consecutive_kernel_delay`` default (30 us): shorter gaps are launch latency."""
 
-HOST_CLASSES: tuple[str, ...] = ("data_loading", "optimizer", "compute_ops", "communication_ops")
-"""Host-side classes in priority order (see :func:`host_breakdown`)."""
+# ---- SQL generated from the catalogue (stepscope.analysis.parts) ----
+
+
+def _ns(expr: str, name: str) -> str:
+    return f"coalesce({expr}, 0)::BIGINT AS {name}"
+
+
+def _class_case(breakdown: Breakdown, *, otherwise: str) -> str:
+    """``CASE``: an ``events`` row -> its sweep class number (the first claim it matches)."""
+    whens = " ".join(f"WHEN ({claim}) THEN {i}" for i, claim in enumerate(breakdown.classes))
+    return f"CASE {whens} ELSE {otherwise} END"
+
+
+def _active(breakdown: Breakdown, parts: Sequence[Part]) -> str:
+    """Filter: a class claimed by one of ``parts`` is active in the segment."""
+    ids = [i for p in parts for i in breakdown.class_ids(p)]
+    return "(" + " OR ".join(f"n{i} > 0" for i in ids) + ")"
+
+
+def _exclusive(breakdown: Breakdown, part: Part) -> str:
+    """Filter: the segment belongs to ``part``: one of its classes is active and no class of an
+    earlier part is; for the last part (it claims nothing), no class at all is active."""
+    if not part.claims:
+        return "NOT busy"
+    earlier = [f"n{i} = 0" for p in breakdown.earlier(part) for i in breakdown.class_ids(p)]
+    return " AND ".join([*earlier, _active(breakdown, [part])])
+
+
+def _hidden(breakdown: Breakdown, hidden: Hidden) -> str:
+    """Filter: a class of ``hidden.of`` is active under a class of ``hidden.under``."""
+    return f"{_active(breakdown, hidden.under)} AND {_active(breakdown, hidden.of)}"
+
+
+def _part_sums(breakdown: Breakdown) -> list[str]:
+    """``SELECT`` items over the sweep's ``seg``: each part's and each hidden part's time."""
+    return [
+        *(_ns(f"sum(len) FILTER ({_exclusive(breakdown, p)})", p.column) for p in breakdown.parts),
+        *(_ns(f"sum(len) FILTER ({_hidden(breakdown, h)})", h.column) for h in breakdown.hidden),
+    ]
 
 
 # HTA's loader (``Trace._filter_irrelevant_gpu_kernels``, default ``include_last_profiler_step=False``)
@@ -63,15 +106,15 @@ _HTA_SCOPE = """
 def gpu_cte(rf: str, *, hta_scope: bool = False) -> str:
     """``gpu``: every GPU interval of the run with positive duration and its class number.
 
-    A category outside :data:`GPU_CLASSES` is an ingest bug and fails the query loudly instead
-    of being counted somewhere. ``hta_scope`` restricts the events to those HTA keeps.
+    GPU work that no part of :data:`stepscope.analysis.parts.GPU` claims is an ingest bug and
+    fails the query loudly instead of being counted somewhere. ``hta_scope`` restricts the
+    events to those HTA keeps.
     """
-    cases = " ".join(f"WHEN '{c}' THEN {i}" for i, c in enumerate(GPU_CLASSES))
+    cls = _class_case(GPU, otherwise="error('GPU event with unexpected category ' || coalesce(category, 'NULL'))")
     return f"""
 gpu AS MATERIALIZED (
     SELECT rank, source, ts_ns AS t0, ts_ns + dur_ns AS t1, step, correlation,
-           CASE category {cases}
-                ELSE error('GPU event with unexpected category ' || coalesce(category, 'NULL')) END AS cls
+           {cls} AS cls
     FROM events e
     WHERE run = $run AND kind IN {GPU_KINDS_SQL} AND dur_ns > 0 AND {rf}{_HTA_SCOPE if hta_scope else ""}
 )"""
@@ -106,15 +149,6 @@ win AS MATERIALIZED (
                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
            upto AS (PARTITION BY rank ORDER BY cpu_start, step ROWS UNBOUNDED PRECEDING)
 )"""
-
-
-def _exclusive(c: int) -> str:
-    """Filter: class ``c`` active and no class of higher priority active."""
-    return " AND ".join([*(f"n{i} = 0" for i in range(c)), f"n{c} > 0"])
-
-
-def _ns(expr: str, name: str) -> str:
-    return f"coalesce({expr}, 0)::BIGINT AS {name}"
 
 
 def _run(store: SQLStore, query: str, run: str, extra: dict[str, object]) -> pa.Table:
@@ -166,51 +200,24 @@ def _absent_for(store: SQLStore, run: str, ranks: Sequence[int] | None, *, needs
     return Absent(f"run {run!r} has no traces")
 
 
-STEP_BREAKDOWN_COLUMNS: tuple[str, ...] = (
-    "compute_ns",
-    "comm_exposed_ns",
-    "memcpy_h2d_exposed_ns",
-    "memcpy_d2h_exposed_ns",
-    "memcpy_d2d_exposed_ns",
-    "memcpy_other_exposed_ns",
-    "memset_exposed_ns",
-    "idle_ns",
-)
-"""The disjoint parts of a step: they sum to ``dur_ns`` exactly."""
+# ---- sub-parts: how a part is split after the sweep ----
+
+_IDLE_CAUSE_RULES: dict[Part, str] = {
+    IDLE_HOST_WAIT: "g.g0 IS NULL OR g.g1 IS NULL OR l.launch_ns > g.g0",
+    IDLE_KERNEL_WAIT: f"g.g1 - g.g0 < {KERNEL_WAIT_NS}",
+    IDLE_OTHER: "TRUE",
+}
+"""HTA's idle causes, in order: the first that holds for a gap ``[g0, g1)`` of the rank's GPU
+time line (``l.launch_ns``: when the work ending the gap was launched) names the gap's cause."""
 
 
-@cached_frame("step_breakdown")
-def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
-    """GPU time of every step of every rank with GPU events, split into disjoint parts.
-
-    Columns: ``run, rank, step, start_ns, end_ns, dur_ns`` (the step window), ``cpu_start_ns,
-    cpu_dur_ns`` (the ProfilerStep CPU window), the parts in :data:`STEP_BREAKDOWN_COLUMNS`
-    (summing to ``dur_ns``), the hidden parts ``comm_overlapped_ns`` (communication under
-    compute) and ``memcpy_overlapped_ns`` (copies under compute or communication), and
-    ``idle_host_wait_ns, idle_kernel_wait_ns, idle_other_ns`` (summing to ``idle_ns``).
-    Ranks without GPU events or steps have no rows; :class:`Absent` when no rank has any.
-    """
-    rf, extra = rank_filter(ranks)
-    n = len(GPU_CLASSES)
-    copies = "(" + " + ".join(f"n{i}" for i in range(2, 6)) + ") > 0"
-    parts = [
-        _ns("sum(len) FILTER (n0 > 0)", "compute_ns"),
-        _ns(f"sum(len) FILTER ({_exclusive(1)})", "comm_exposed_ns"),
-        _ns(f"sum(len) FILTER ({_exclusive(2)})", "memcpy_h2d_exposed_ns"),
-        _ns(f"sum(len) FILTER ({_exclusive(3)})", "memcpy_d2h_exposed_ns"),
-        _ns(f"sum(len) FILTER ({_exclusive(4)})", "memcpy_d2d_exposed_ns"),
-        _ns(f"sum(len) FILTER ({_exclusive(5)})", "memcpy_other_exposed_ns"),
-        _ns(f"sum(len) FILTER ({_exclusive(6)})", "memset_exposed_ns"),
-        _ns("sum(len) FILTER (NOT busy)", "idle_ns"),
-        _ns("sum(len) FILTER (n0 > 0 AND n1 > 0)", "comm_overlapped_ns"),
-        _ns(f"sum(len) FILTER ((n0 > 0 OR n1 > 0) AND {copies})", "memcpy_overlapped_ns"),
-    ]
-    names = [p.rsplit(" AS ", 1)[1] for p in parts]
-    query = f"""
-    WITH {gpu_cte(rf)},
-    {window_ctes(rf)},
-    iv AS (SELECT rank, t0, t1, cls FROM gpu),
-    {sweep_ctes(n)},
+def _idle_split() -> str:
+    """CTEs ending in ``_split_idle(rank, step, <idle sub-part columns>)``: every gap between the
+    rank's GPU work (unclipped by windows) gets its cause, then is clipped to the step windows."""
+    if set(_IDLE_CAUSE_RULES) != set(IDLE.sub_parts):
+        raise ValueError("the idle-cause rules and the sub-parts of stepscope.analysis.parts.IDLE differ")
+    causes = " ".join(f"WHEN ({rule}) THEN '{cause.name}'" for cause, rule in _IDLE_CAUSE_RULES.items())
+    return f"""
     _launch AS (
         SELECT g.rank, g.t0, min(r.ts_ns) AS launch_ns
         FROM gpu g JOIN events r
@@ -239,9 +246,7 @@ def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
     ),
     _caused AS (
         SELECT g.rank, g.g0, g.g1,
-            CASE WHEN g.g0 IS NULL OR g.g1 IS NULL OR l.launch_ns > g.g0 THEN 'host_wait'
-                 WHEN g.g1 - g.g0 < {KERNEL_WAIT_NS} THEN 'kernel_wait'
-                 ELSE 'other' END AS idle_cause
+            CASE {causes} END AS idle_cause
         FROM _gaps g LEFT JOIN _launch l ON l.rank = g.rank AND l.t0 = g.g1
     ),
     _idle AS (
@@ -250,21 +255,48 @@ def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
         FROM _caused c JOIN win w
           ON c.rank = w.rank AND coalesce(c.g0, w.w0) < w.w1 AND coalesce(c.g1, w.w1) > w.w0
     ),
-    _idle_parts AS (
+    _split_{IDLE.name} AS (
         SELECT rank, step,
-            {_ns("sum(len) FILTER (idle_cause = 'host_wait')", "idle_host_wait_ns")},
-            {_ns("sum(len) FILTER (idle_cause = 'kernel_wait')", "idle_kernel_wait_ns")},
-            {_ns("sum(len) FILTER (idle_cause = 'other')", "idle_other_ns")}
+            {", ".join(_ns(f"sum(len) FILTER (idle_cause = '{c.name}')", c.column) for c in IDLE.sub_parts)}
         FROM _idle GROUP BY rank, step
-    ),
-    _parts AS (SELECT rank, step, {", ".join(parts)} FROM seg GROUP BY rank, step)
+    )"""
+
+
+SPLITS: dict[Part, Callable[[], str]] = {IDLE: _idle_split}
+"""GPU part -> the CTEs that split it into its sub-parts after the sweep. They may read ``gpu``,
+``win``, ``seg`` and ``events`` and end in ``_split_<part name>(rank, step, <sub-part
+columns>)``; :func:`step_breakdown` joins that into its result (a part of
+:data:`stepscope.analysis.parts.GPU` with sub-parts and no entry here is a ``KeyError``)."""
+
+
+@cached_frame("step_breakdown")
+def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
+    """GPU time of every step of every rank with GPU events, split into disjoint parts.
+
+    Columns: ``run, rank, step, start_ns, end_ns, dur_ns`` (the step window), ``cpu_start_ns,
+    cpu_dur_ns`` (the ProfilerStep CPU window), then ``GPU.all_columns`` of
+    :mod:`stepscope.analysis.parts`: the parts (summing to ``dur_ns``), the hidden parts
+    (communication under compute, copies under compute or communication) and the sub-parts of
+    idle (HTA's idle causes, summing to the idle part).
+    Ranks without GPU events or steps have no rows; :class:`Absent` when no rank has any.
+    """
+    rf, extra = rank_filter(ranks)
+    sums = _part_sums(GPU)
+    names = [e.column for e in (*GPU.parts, *GPU.hidden)]
+    split = [p for p in GPU.parts if p.sub_parts]
+    columns = [*(f"coalesce(p.{c}, 0)::BIGINT AS {c}" for c in names),
+               *(f"coalesce(_split_{p.name}.{c.column}, 0)::BIGINT AS {c.column}" for p in split for c in p.sub_parts)]
+    query = f"""
+    WITH {gpu_cte(rf)},
+    {window_ctes(rf)},
+    iv AS (SELECT rank, t0, t1, cls FROM gpu),
+    {sweep_ctes(len(GPU.classes))},
+    {"".join(SPLITS[p]() + "," for p in split)}
+    _parts AS (SELECT rank, step, {", ".join(sums)} FROM seg GROUP BY rank, step)
     SELECT $run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns,
-           w.cpu_start AS cpu_start_ns, w.cpu_end - w.cpu_start AS cpu_dur_ns,
-           {", ".join(f"coalesce(p.{c}, 0)::BIGINT AS {c}" for c in names)},
-           coalesce(i.idle_host_wait_ns, 0)::BIGINT AS idle_host_wait_ns,
-           coalesce(i.idle_kernel_wait_ns, 0)::BIGINT AS idle_kernel_wait_ns,
-           coalesce(i.idle_other_ns, 0)::BIGINT AS idle_other_ns
-    FROM win w LEFT JOIN _parts p USING (rank, step) LEFT JOIN _idle_parts i USING (rank, step)
+           w.cpu_start AS cpu_start_ns, w.cpu_end - w.cpu_start AS cpu_dur_ns, {", ".join(columns)}
+    FROM win w LEFT JOIN _parts p USING (rank, step)
+    {" ".join(f"LEFT JOIN _split_{p.name} USING (rank, step)" for p in split)}
     WHERE w.rank IN (SELECT DISTINCT rank FROM gpu)
     ORDER BY w.rank, w.step
     """
@@ -288,58 +320,32 @@ def step_windows(store: SQLStore, run: str, ranks: Sequence[int] | None = None) 
     return _run(store, query, run, extra)
 
 
-HOST_BREAKDOWN_COLUMNS: tuple[str, ...] = (
-    "data_loading_ns",
-    "optimizer_ns",
-    "compute_ops_ns",
-    "communication_ops_ns",
-    "other_ns",
-)
-"""The disjoint host-side parts of a step: they sum to ``dur_ns`` exactly."""
-
-
 @cached_frame("host_breakdown")
 def host_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
     """Host (CPU) time of every step, split into disjoint parts over all the rank's threads.
 
-    Window: the ProfilerStep CPU window. Classes in priority order: ``data_loading``
-    (``enumerate(DataLoader)#...`` annotations, the TensorBoard plugin's rule), ``optimizer``
-    (``Optimizer.step#...``, ``Optimizer.zero_grad#...``), ``compute_ops`` (any other
-    ``cpu_op``), ``communication_ops`` (communication ops and annotations not under any of the
-    above: exposed host communication), ``other`` (none of these active on any thread).
-    Columns: ``run, rank, step, start_ns, end_ns, dur_ns``, :data:`HOST_BREAKDOWN_COLUMNS`,
-    ``communication_overlapped_ns`` (communication under compute ops).
+    Window: the ProfilerStep CPU window. The parts are those of
+    :data:`stepscope.analysis.parts.HOST`, in its priority order (data loading, optimizer,
+    compute ops, communication ops not under any of those: exposed host communication; other:
+    none of these active on any thread). Columns: ``run, rank, step, start_ns, end_ns,
+    dur_ns``, then ``HOST.all_columns`` (the parts, summing to ``dur_ns``, and the hidden
+    parts: communication under compute ops).
     """
     rf, extra = rank_filter(ranks)
+    claimed = " OR ".join(f"({claim})" for claim in HOST.classes)
     query = f"""
     WITH win AS MATERIALIZED (
         SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM steps WHERE run = $run AND {rf}
     ),
     iv AS (
-        SELECT rank, ts_ns AS t0, ts_ns + dur_ns AS t1,
-            CASE WHEN name LIKE 'enumerate(DataLoader)#%' THEN 0
-                 WHEN name LIKE 'Optimizer.step#%' OR name LIKE 'Optimizer.zero_grad#%' THEN 1
-                 WHEN category = 'communication' THEN 3
-                 WHEN kind = 'cpu_op' THEN 2 END AS cls
+        SELECT rank, ts_ns AS t0, ts_ns + dur_ns AS t1, {_class_case(HOST, otherwise="NULL")} AS cls
         FROM events
-        WHERE run = $run AND {rf} AND dur_ns > 0
-          AND kind IN ('cpu_op', 'user_annotation', 'python_function')
-          AND (name LIKE 'enumerate(DataLoader)#%' OR name LIKE 'Optimizer.step#%'
-               OR name LIKE 'Optimizer.zero_grad#%' OR category = 'communication' OR kind = 'cpu_op')
+        WHERE run = $run AND {rf} AND dur_ns > 0 AND kind IN {_sql_list(HOST.kinds)} AND ({claimed})
     ),
-    {sweep_ctes(len(HOST_CLASSES))},
-    _parts AS (
-        SELECT rank, step,
-            {_ns(f"sum(len) FILTER ({_exclusive(0)})", "data_loading_ns")},
-            {_ns(f"sum(len) FILTER ({_exclusive(1)})", "optimizer_ns")},
-            {_ns(f"sum(len) FILTER ({_exclusive(2)})", "compute_ops_ns")},
-            {_ns(f"sum(len) FILTER ({_exclusive(3)})", "communication_ops_ns")},
-            {_ns("sum(len) FILTER (NOT busy)", "other_ns")},
-            {_ns("sum(len) FILTER (n2 > 0 AND n3 > 0)", "communication_overlapped_ns")}
-        FROM seg GROUP BY rank, step
-    )
+    {sweep_ctes(len(HOST.classes))},
+    _parts AS (SELECT rank, step, {", ".join(_part_sums(HOST))} FROM seg GROUP BY rank, step)
     SELECT $run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns,
-        {", ".join(f"coalesce(p.{c}, 0)::BIGINT AS {c}" for c in (*HOST_BREAKDOWN_COLUMNS, "communication_overlapped_ns"))}
+        {", ".join(f"coalesce(p.{c}, 0)::BIGINT AS {c}" for c in HOST.all_columns)}
     FROM win w LEFT JOIN _parts p USING (rank, step)
     ORDER BY w.rank, w.step
     """
@@ -368,17 +374,18 @@ def rank_totals(
     docs/ANALYSIS.md for why that is not the default.
     """
     rf, extra = rank_filter(ranks)
+    compute, comm = _active(GPU, [COMPUTE]), _active(GPU, [COMM_EXPOSED])  # |U(compute)|, |U(communication)|
     query = f"""
     WITH {gpu_cte(rf, hta_scope=hta_scope)},
     win AS (SELECT rank, 0 AS step, min(t0) AS w0, max(t1) AS w1 FROM gpu GROUP BY rank),
     iv AS (SELECT rank, t0, t1, cls FROM gpu),
-    {sweep_ctes(len(GPU_CLASSES))},
+    {sweep_ctes(len(GPU.classes))},
     _tot AS (
         SELECT rank,
             {_ns("sum(len) FILTER (busy)", "gpu_busy_ns")},
-            {_ns("sum(len) FILTER (n0 > 0)", "compute_ns")},
-            {_ns("sum(len) FILTER (n1 > 0)", "comm_ns")},
-            {_ns("sum(len) FILTER (n0 > 0 AND n1 > 0)", "comm_comp_overlap_ns")}
+            {_ns(f"sum(len) FILTER ({compute})", "compute_ns")},
+            {_ns(f"sum(len) FILTER ({comm})", "comm_ns")},
+            {_ns(f"sum(len) FILTER ({compute} AND {comm})", "comm_comp_overlap_ns")}
         FROM seg GROUP BY rank
     ),
     _ranks AS (SELECT DISTINCT rank FROM sources WHERE run = $run AND {rf})

@@ -38,7 +38,9 @@ from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import Finding, Results, Severity, rule
 from stepscope.analysis.overlap import hidden_ctes
+from stepscope.analysis.parts import COMPUTE, COMPUTE_OPS
 from stepscope.analysis.phase import gpu_phase_ctes
+from stepscope.analysis.quantiles import median, median_sql
 from stepscope.analysis.sections import SQLStore, section
 
 SIZE_BUCKETS: tuple[tuple[int, str], ...] = (
@@ -367,7 +369,7 @@ SELECT any_value(run) AS run, pg_name, any_value(pg_desc) AS pg_desc, collective
        avg(last_start_ns - first_start_ns) AS mean_start_skew_ns,
        max(last_start_ns - first_start_ns) AS max_start_skew_ns,
        avg(max_dur_ns - min_dur_ns) AS mean_dur_spread_ns,
-       median(bytes * busbw_factor / nullif(min_dur_ns, 0)) AS median_busbw_gbps
+       {median_sql("bytes * busbw_factor / nullif(min_dur_ns, 0)")} AS median_busbw_gbps
 FROM inst WHERE {_MULTI}
 GROUP BY pg_name, collective
 ORDER BY pg_name, collective
@@ -402,8 +404,8 @@ ORDER BY k.rank, m.collective
 def rank_compute(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
     """Per rank: mean compute time per step and its excess over the median rank, in percent.
 
-    Compute is ``compute_ns`` of the GPU step breakdown (|U(compute kernels)|); in a run
-    without GPU events (CPU training, gloo) it is ``compute_ops_ns`` of the host breakdown
+    Compute is the compute part of the GPU step breakdown (|U(compute kernels)|); in a run
+    without GPU events (CPU training, gloo) it is the compute-ops part of the host breakdown
     (``compute_source`` says which). A compute straggler inside DDP's backward hides from
     per-rank step times, because every rank waits in the same all-reduce; its compute time
     still shows it.
@@ -411,19 +413,19 @@ def rank_compute(store: SQLStore, run: str, ranks: Sequence[int] | None = None) 
     from stepscope.analysis.breakdown import host_breakdown, step_breakdown
 
     steps = step_breakdown(store, run, ranks)
-    source, column = "gpu", "compute_ns"
+    source, column = "gpu", COMPUTE.column
     if isinstance(steps, Absent):
         host = host_breakdown(store, run, ranks)
         if isinstance(host, Absent):
             return Absent(f"{steps.reason}; {host.reason}")
-        steps, source, column = host, "host", "compute_ops_ns"
+        steps, source, column = host, "host", COMPUTE_OPS.column
     # A few rows per rank (one per step): grouped with Arrow, not another trip through the store.
     per_rank = steps.group_by("rank").aggregate(
         [("step", "count"), (column, "mean"), ("dur_ns", "mean")]
     ).sort_by("rank")
     mean_compute = per_rank.column(f"{column}_mean")
-    median = pc.quantile(mean_compute, q=0.5)[0].as_py() if len(per_rank) else None
-    excess = pc.multiply(pc.subtract(pc.divide(mean_compute, median), 1.0), 100.0) if median else None
+    middle = median(mean_compute.to_pylist()) if len(per_rank) else None
+    excess = pc.multiply(pc.subtract(pc.divide(mean_compute, middle), 1.0), 100.0) if middle else None
     return pa.table({
         "run": pa.array([run] * len(per_rank), pa.string()),
         "rank": per_rank.column("rank"),

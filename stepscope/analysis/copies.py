@@ -26,6 +26,7 @@ from stepscope.analysis._local import local_sql
 from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
+from stepscope.analysis.quantiles import quantile_sql
 from stepscope.analysis.findings import Finding, Results, Severity, rule
 from stepscope.analysis.overlap import hidden_ctes
 from stepscope.analysis.sections import SQLStore, section
@@ -150,13 +151,13 @@ g AS (
          sum(exposed_ns)::BIGINT AS exposed_ns,
          100.0 * sum(hidden_ns) / nullif(sum(dur_ns), 0) AS hidden_pct,
          sum(bytes) / nullif(sum(dur_ns), 0) AS bandwidth_gbps,
-         quantile_cont(bandwidth_gbps, 0.1) AS p10_bandwidth_gbps,
-         quantile_cont(bandwidth_gbps, 0.5) AS p50_bandwidth_gbps,
-         quantile_cont(bandwidth_gbps, 0.9) AS p90_bandwidth_gbps,
+         {quantile_sql('bandwidth_gbps', 0.1)} AS p10_bandwidth_gbps,
+         {quantile_sql('bandwidth_gbps', 0.5)} AS p50_bandwidth_gbps,
+         {quantile_sql('bandwidth_gbps', 0.9)} AS p90_bandwidth_gbps,
          max(bandwidth_gbps) AS max_bandwidth_gbps,
          any_value(link) AS link, any_value(peak_gbps) AS peak_gbps,
          100.0 * sum(bytes) / nullif(sum(dur_ns), 0) / any_value(peak_gbps) AS pct_of_peak,
-         100.0 * quantile_cont(bandwidth_gbps, 0.5) / any_value(peak_gbps) AS p50_pct_of_peak,
+         100.0 * {quantile_sql('bandwidth_gbps', 0.5)} / any_value(peak_gbps) AS p50_pct_of_peak,
          any_value(peak_absent_reason) AS peak_absent_reason
   FROM bw
   GROUP BY ALL

@@ -16,8 +16,6 @@ import pyarrow as pa
 
 from stepscope.analysis.absent import NO_GPU_EVENTS, NO_STEPS, Absent, jsonable
 from stepscope.analysis.breakdown import (
-    HOST_BREAKDOWN_COLUMNS,
-    STEP_BREAKDOWN_COLUMNS,
     absence,
     host_breakdown,
     rank_status,
@@ -26,6 +24,8 @@ from stepscope.analysis.breakdown import (
 )
 from stepscope.analysis.findings import Finding, Results, Severity, evaluate, rule
 from stepscope.analysis.kernels import launch_overhead, step_stats, top_cpu_ops, top_kernels
+from stepscope.analysis.parts import DATA_LOADING, GPU, HOST, IDLE, IDLE_HOST_WAIT, IDLE_KERNEL_WAIT, IDLE_OTHER
+from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore, compute_sections, section
 
 SUMMARY_VERSION = 1
@@ -41,16 +41,9 @@ TOTALS_KEYS = (
     "comm_ns",
     "comm_comp_overlap_ns",
 )
-GPU_STEP_KEYS = (
-    *STEP_BREAKDOWN_COLUMNS,
-    "comm_overlapped_ns",
-    "memcpy_overlapped_ns",
-    "idle_host_wait_ns",
-    "idle_kernel_wait_ns",
-    "idle_other_ns",
-)
-"""Per-step keys of GPU runs: the disjoint parts, then the hidden parts and the idle causes."""
-HOST_STEP_KEYS = (*HOST_BREAKDOWN_COLUMNS, "communication_overlapped_ns")
+GPU_STEP_KEYS = GPU.all_columns
+"""Per-step keys of GPU runs: the disjoint parts, then the hidden parts and the sub-parts."""
+HOST_STEP_KEYS = HOST.all_columns
 
 
 @dataclass(frozen=True)
@@ -235,15 +228,11 @@ STEP_SPREAD_WARNING_PCT = 25.0
 """(max - min) / median of the ProfilerStep times, with at least 3 steps."""
 
 _IDLE_CAUSE_ADVICE = {
-    "host_wait": "mostly host wait: the CPU is not launching work fast enough",
-    "kernel_wait": "mostly short gaps between kernels: launch latency of many small kernels",
-    "other": "mostly waits on other streams, events or synchronisation",
+    IDLE_HOST_WAIT: "mostly host wait: the CPU is not launching work fast enough",
+    IDLE_KERNEL_WAIT: "mostly short gaps between kernels: launch latency of many small kernels",
+    IDLE_OTHER: "mostly waits on other streams, events or synchronisation",
 }
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[(len(ordered) - 1) // 2]
+"""Advice per idle sub-part (cause); the evidence names a cause without the ``idle_`` prefix."""
 
 
 @rule("gpu.idle", needs=("ranks",))
@@ -253,27 +242,27 @@ def gpu_idle(results: Results) -> Iterator[Finding]:
     ranks: RanksResult = results["ranks"]  # type: ignore[assignment]
     host = _by_rank(ranks.host)
     for rank, rows in sorted(_by_rank(ranks.breakdown).items()):
-        idle = [(100 * r["idle_ns"] / r["dur_ns"], r) for r in rows if r["dur_ns"] > 0]
+        idle = [(100 * r[IDLE.column] / r["dur_ns"], r) for r in rows if r["dur_ns"] > 0]
         flagged = [(pct, r) for pct, r in idle if pct >= IDLE_WARNING_PCT]
         if not flagged:
             continue
         worst_pct, worst = max(flagged, key=lambda item: item[0])
-        causes = {c: worst[f"idle_{c}_ns"] for c in ("host_wait", "kernel_wait", "other")}
+        causes = {c: worst[c.column] for c in IDLE.sub_parts}
         cause = max(causes, key=lambda c: causes[c])
         message = (f"GPU idle {worst_pct:.0f}% of step {worst['step']} on rank {rank} "
                    f"({len(flagged)} of {len(idle)} steps at {IDLE_WARNING_PCT:.0f}% or more), "
                    f"{_IDLE_CAUSE_ADVICE[cause]}")
-        loading = [h["data_loading_ns"] for h in host.get(rank, [])]
-        data_ms = _median(loading) / 1e6 if loading else 0.0
-        if cause == "host_wait" and data_ms > 0:
+        loading = [h[DATA_LOADING.column] for h in host.get(rank, [])]
+        data_ms = median(loading) / 1e6 if loading else 0.0
+        if cause == IDLE_HOST_WAIT and data_ms > 0:
             message += f" (data loading {data_ms:.1f} ms/step)"
         yield Finding(
             Severity.CRITICAL if worst_pct >= IDLE_CRITICAL_PCT else Severity.WARNING,
             "gpu.idle",
             message,
             {"rank": rank, "step": worst["step"], "idle_pct": round(worst_pct, 2),
-             "steps_flagged": len(flagged), "steps": len(idle), "cause": cause,
-             **{f"idle_{c}_ns": v for c, v in causes.items()}, "data_loading_ms_per_step": round(data_ms, 3)},
+             "steps_flagged": len(flagged), "steps": len(idle), "cause": cause.name.removeprefix(f"{IDLE.name}_"),
+             **{c.column: v for c, v in causes.items()}, "data_loading_ms_per_step": round(data_ms, 3)},
         )
 
 
@@ -282,16 +271,16 @@ def host_data_loading(results: Results) -> Iterator[Finding]:
     """The host spends a large share of each step waiting for the DataLoader."""
     ranks: RanksResult = results["ranks"]  # type: ignore[assignment]
     for rank, rows in sorted(_by_rank(ranks.host).items()):
-        shares = [100 * r["data_loading_ns"] / r["dur_ns"] for r in rows if r["dur_ns"] > 0]
-        if not shares or _median(shares) < DATA_LOADING_WARNING_PCT:
+        shares = [100 * r[DATA_LOADING.column] / r["dur_ns"] for r in rows if r["dur_ns"] > 0]
+        if not shares or median(shares) < DATA_LOADING_WARNING_PCT:
             continue
-        median_ms = _median([r["data_loading_ns"] for r in rows]) / 1e6
+        median_ms = median([r[DATA_LOADING.column] for r in rows]) / 1e6
         yield Finding(
             Severity.WARNING,
             "host.data_loading",
-            f"data loading takes {_median(shares):.0f}% of each step on rank {rank} "
+            f"data loading takes {median(shares):.0f}% of each step on rank {rank} "
             f"({median_ms:.1f} ms/step, median): use DataLoader workers, pinned memory and prefetching",
-            {"rank": rank, "data_loading_pct_median": round(_median(shares), 2),
+            {"rank": rank, "data_loading_pct_median": round(median(shares), 2),
              "data_loading_ms_median": round(median_ms, 3), "steps": len(shares)},
         )
 

@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from stepscope.analysis.breakdown import step_breakdown
     from stepscope.analysis.absent import Absent
-    from stepscope.analysis.compare.metrics import STEP_PARTS
+    from stepscope.analysis.parts import GPU
     from stepscope.analysis.summary import build_summary
     from stepscope.commands._runs import resolved
     from stepscope.commands.compare import gate
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         overview = [run_line(run_facts(store, ref.run).to_json())]
         charts = []
         if not isinstance(breakdown, Absent):
-            charts.append(html_report.breakdown_chart(breakdown.to_pylist(), [(c, label) for _, c, label in STEP_PARTS]))
+            charts.append(html_report.breakdown_chart(breakdown.to_pylist(), GPU.parts))
         else:
             overview.append(f"step breakdown: not available ({breakdown.reason})")
         page_tables = []

@@ -10,9 +10,13 @@ import argparse
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepscope.errors import UsageError
+from stepscope.render.table import Table, terminal_width, to_markdown, to_terminal
+
+if TYPE_CHECKING:
+    from stepscope.analysis.parts import Breakdown
 
 FORMATS = ("table", "json", "markdown")
 
@@ -55,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "markdown":
         print(render_markdown(doc))
     else:
-        print(render_table(doc))
+        print(render_table(doc, terminal_width()))
     return 0
 
 
@@ -84,41 +88,30 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-_STEP_COLUMNS = (
-    ("compute", "compute_ns"),
-    ("comm", "comm_exposed_ns"),
-    ("h2d", "memcpy_h2d_exposed_ns"),
-    ("d2h", "memcpy_d2h_exposed_ns"),
-    ("d2d", "memcpy_d2d_exposed_ns"),
-    ("cp-other", "memcpy_other_exposed_ns"),
-    ("memset", "memset_exposed_ns"),
-    ("idle", "idle_ns"),
-    ("(host wait)", "idle_host_wait_ns"),
-    ("(comm hidden)", "comm_overlapped_ns"),
-)
-_HOST_COLUMNS = (
-    ("data", "data_loading_ns"),
-    ("optimizer", "optimizer_ns"),
-    ("compute ops", "compute_ops_ns"),
-    ("comm ops", "communication_ops_ns"),
-    ("other", "other_ns"),
-)
+def _table_columns(breakdown: Breakdown) -> list[tuple[str, str]]:
+    """(header, key) of a breakdown's terminal columns: each part followed by its sub-parts, then
+    the hidden parts, where the catalogue (:mod:`stepscope.analysis.parts`) gives a header."""
+    entries = [*breakdown.with_sub_parts(), *breakdown.hidden]
+    return [(e.short, e.column) for e in entries if e.short]
 
 
 def _rank_blocks(rank: dict[str, Any]) -> Iterator[Block]:
+    from stepscope.analysis.parts import GPU, HOST
+
+    step_columns, host_columns = _table_columns(GPU), _table_columns(HOST)
     r = rank["rank"]
     reasons = rank.get("absent_reasons", {})
     steps = rank.get("steps")
     if steps is None:
         yield (f"rank {r}: steps", ["absent"], [[reasons.get("steps", "")]])
     else:
-        gpu = any(s.get("compute_ns") is not None for s in steps)
+        gpu = any(s.get(GPU.columns[0]) is not None for s in steps)  # GPU parts are null without GPU events
         if gpu:
-            cols = ["step", "dur ms"] + [c for c, _ in _STEP_COLUMNS]
-            rows = [[str(s["step"]), _ms(s["dur_ns"])] + [_pct(s[k], s["dur_ns"]) for _, k in _STEP_COLUMNS] for s in steps]
+            cols = ["step", "dur ms"] + [c for c, _ in step_columns]
+            rows = [[str(s["step"]), _ms(s["dur_ns"])] + [_pct(s[k], s["dur_ns"]) for _, k in step_columns] for s in steps]
             yield (f"rank {r}: GPU time per step (% of step; parts sum to 100%)", cols, rows)
-        cols = ["step", "cpu ms"] + [c for c, _ in _HOST_COLUMNS]
-        rows = [[str(s["step"]), _ms(s["host"]["dur_ns"])] + [_pct(s["host"][k], s["host"]["dur_ns"]) for _, k in _HOST_COLUMNS]
+        cols = ["step", "cpu ms"] + [c for c, _ in host_columns]
+        rows = [[str(s["step"]), _ms(s["host"]["dur_ns"])] + [_pct(s["host"][k], s["host"]["dur_ns"]) for _, k in host_columns]
                 for s in steps]
         yield (f"rank {r}: host time per step (% of ProfilerStep)", cols, rows)
     totals = rank.get("totals")
@@ -183,31 +176,17 @@ def blocks(doc: dict[str, Any]) -> Iterator[Block]:
            [[f["severity"], f["rule"], f["message"]] for f in findings] or [["-", "-", "no findings"]])
 
 
-def _text_table(cols: list[str], rows: list[list[str]], width: int = 70) -> list[str]:
-    rows = [[c[:width] for c in row] for row in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(cols)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    return [line(cols), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+def tables(doc: dict[str, Any]) -> list[Table]:
+    """The whole summary as tables of the one table model, in document order; findings last."""
+    return [Table.of_text(title, cols, rows) for title, cols, rows in blocks(doc)]
 
 
-def render_table(doc: dict[str, Any]) -> str:
+def render_table(doc: dict[str, Any], width: int | None = None) -> str:
     """Plain-text rendering for the terminal."""
-    out = [f"run {doc['run']}"]
-    for title, cols, rows in blocks(doc):
-        out += ["", title, *_text_table(cols, rows)]
-    return "\n".join(out)
-
-
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return f"run {doc['run']}\n\n" + to_terminal(tables(doc), width)
 
 
 def render_markdown(doc: dict[str, Any]) -> str:
     """Markdown rendering (for CI comments and reports)."""
-    out = [f"# stepscope summary: run `{doc['run']}`"]
-    for title, cols, rows in blocks(doc):
-        out += ["", f"## {_md_escape(title)}", "",
-                "| " + " | ".join(_md_escape(c) for c in cols) + " |",
-                "|" + "|".join("---" for _ in cols) + "|"]
-        out += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows]
-    return "\n".join(out)
+    out = [f"# stepscope summary: run `{doc['run']}`", ""] + [to_markdown(t, level=2) for t in tables(doc)]
+    return "\n".join(out).rstrip()

@@ -1,21 +1,19 @@
 """The dashboard's only door to numbers: cached calls into ``stepscope.analysis``.
 
-Pages never query events themselves. They ask :func:`analysis` for a named analysis function;
-its result is computed once per (store, run, sources fingerprint, arguments) and kept by
-``st.cache_data``, so a rerun, a filter change or a second visitor reads the cached aggregate
+Pages never query events themselves. They import an analysis function and hand it to
+:meth:`Context.analysis`; its result is computed once per (store, run, sources fingerprint,
+function, arguments) and kept by ``st.cache_data``, so a rerun, a filter change or a second visitor reads the cached aggregate
 instead of raw events. The fingerprint is the run's list of committed sources: ingesting
 another rank into the run changes it, and the next render recomputes. Underneath, the analysis
 layer keeps its heavy per-run frames in ``<store>/cache/`` (:mod:`stepscope.analysis.cache`),
 so a restarted server reads them back instead of recomputing them.
 
-A function the analysis layer does not provide (yet) comes back as :class:`Absent` with the
-name that was looked for, the analysis layer's own convention for a figure that cannot be
-shown, so a page keeps working and says what is missing.
+Analyses are imported, never looked up by name: a renamed or missing one is an ImportError
+when the page loads, not a page that quietly says "not available".
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,9 +23,11 @@ from typing import Any
 import streamlit as st
 
 from stepscope.analysis.absent import Absent
+from stepscope.analysis.compare.comparison import compare_runs
 from stepscope.store.catalog import Store
 
-NOT_AVAILABLE = "not available yet: stepscope.analysis has no {name}"
+Analysis = Callable[..., Any]
+"""An analysis function ``f(store, run, **kwargs)`` of :mod:`stepscope.analysis`."""
 
 
 class StoreProblem(Exception):
@@ -35,15 +35,23 @@ class StoreProblem(Exception):
 
 
 @st.cache_resource(show_spinner=False)
-def _open(root: str, read_only_sql: bool) -> Store:
+def _open(root: str) -> Store:
     from stepscope.store import open_store
 
-    return open_store(root, read_only_sql=read_only_sql)
+    return open_store(root)
 
 
-def store_for(root: str, *, read_only_sql: bool = False) -> Store:
-    """The shared, cached ``Store`` of ``root`` (one DuckDB connection per mode per server)."""
-    return _open(root, read_only_sql)
+def store_for(root: str) -> Store:
+    """The shared, cached ``Store`` of ``root`` (one DuckDB connection per server)."""
+    return _open(root)
+
+
+def sql_sandbox(root: str) -> Store:
+    """A fresh sandboxed ``Store`` for one user query (close it after): the sandbox may read
+    only the Parquet parts that exist when it opens, so it is not cached across ingests."""
+    from stepscope.store import open_store
+
+    return open_store(root, read_only_sql=True)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -95,49 +103,28 @@ def open_checked(root: str | None) -> tuple[str, Any]:
     return str(path.resolve()), runs
 
 
-def _resolve(name: str) -> Callable[..., Any] | None:
-    """``"breakdown.step_breakdown"`` -> the function, or None when the analysis layer lacks it."""
-    module_name, _, attr = name.rpartition(".")
-    try:
-        module = importlib.import_module(f"stepscope.analysis.{module_name}")
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("stepscope.analysis"):
-            return None
-        raise
-    func = getattr(module, attr, None)
-    return func if callable(func) else None
-
-
-def available(name: str) -> bool:
-    """Whether ``stepscope.analysis.<name>`` exists (for pages that offer a choice)."""
-    return _resolve(name) is not None
+def qualified_name(func: Analysis) -> str:
+    """``module.qualname`` of an analysis: its identity in the cache key."""
+    return f"{func.__module__}.{func.__qualname__}"
 
 
 @st.cache_data(show_spinner="Computing this run's aggregates once...", max_entries=512)
-def _compute(root: str, run: str, fingerprint: str, name: str, kwargs: tuple[tuple[str, Any], ...]) -> Any:
-    """One analysis result; ``fingerprint`` is part of the cache key only.
+def _compute(root: str, run: str, fingerprint: str, name: str, kwargs: tuple[tuple[str, Any], ...],
+             _func: Analysis) -> Any:
+    """``_func(store, run, **kwargs)``; ``fingerprint`` and ``name`` (the function's
+    :func:`qualified_name`) key the cache, ``_func`` itself is not hashed (the leading underscore
+    tells Streamlit so).
 
     In memory for the server's life. Across restarts the analysis layer's own per-run cache
     (``<store>/cache/``, :mod:`stepscope.analysis.cache`) keeps the heavy frames, so a restarted
     server reads them back instead of scanning events again.
-
-    ``section:<name>`` computes a registered summary section (all ranks) instead of a function.
     """
-    if name.startswith("section:"):
-        from stepscope.analysis.sections import SECTIONS, load_modules
-
-        load_modules()
-        return SECTIONS[name.split(":", 1)[1]].compute(store_for(root), run, None)
-    func = _resolve(name)
-    assert func is not None
-    return func(store_for(root), run, **dict(kwargs))
+    return _func(store_for(root), run, **dict(kwargs))
 
 
 @st.cache_data(show_spinner="Comparing the runs...", max_entries=64)
 def _compare(root: str, baseline: str, baseline_fp: str, candidate: str, candidate_fp: str) -> Any:
     """``compare.compare_runs`` of two runs of the store; the fingerprints key the cache only."""
-    from stepscope.analysis.compare.comparison import compare_runs
-
     store = store_for(root)
     return compare_runs(store, baseline, store, candidate)
 
@@ -158,36 +145,26 @@ class Context:
         row = self.runs.loc[self.runs["run"] == run, "fingerprint"]
         return str(row.iloc[0]) if len(row) else ""
 
-    def analysis(self, name: str, *, run: str | None = None, **kwargs: Any) -> Any:
-        """``stepscope.analysis.<name>(store, run, **kwargs)``, cached; :class:`Absent` when the
-        analysis layer has no such function."""
-        if _resolve(name) is None:
-            return Absent(NOT_AVAILABLE.format(name=name))
+    def analysis(self, func: Analysis, *, run: str | None = None, **kwargs: Any) -> Any:
+        """``func(store, run, **kwargs)`` for an imported analysis function, cached."""
         run = run or self.run
-        return _compute(self.root, run, self.fingerprint(run), name, tuple(sorted(kwargs.items())))
+        return _compute(self.root, run, self.fingerprint(run), qualified_name(func),
+                        tuple(sorted(kwargs.items())), func)
 
-    def section(self, name: str, *, run: str | None = None) -> Any:
-        """The summary section ``name`` of the run (all ranks), cached; :class:`Absent` when no
-        such section is registered."""
-        from stepscope.analysis.sections import SECTIONS, load_modules
-
-        load_modules()
-        if name not in SECTIONS:
-            return Absent(NOT_AVAILABLE.format(name=f"section {name!r}"))
-        run = run or self.run
-        return _compute(self.root, run, self.fingerprint(run), f"section:{name}", ())
+    def section(self, compute: Analysis, *, run: str | None = None) -> Any:
+        """A summary section of the run (all ranks), cached: ``compute`` is the section's imported
+        compute function (e.g. :func:`stepscope.analysis.comm.comm_section`)."""
+        return self.analysis(compute, run=run, ranks=None)
 
     def findings(self, *, run: str | None = None) -> list[Any]:
         """Every finding of the run: the analysis layer's rules over the cached sections."""
         from stepscope.analysis.findings import evaluate
         from stepscope.analysis.sections import all_sections
 
-        return evaluate({s.name: self.section(s.name, run=run) for s in all_sections()})
+        return evaluate({s.name: self.section(s.compute, run=run) for s in all_sections()})
 
     def compare(self) -> Any:
         """The run against the baseline (``compare.comparison.compare_runs``), cached."""
-        if _resolve("compare.comparison.compare_runs") is None:
-            return Absent(NOT_AVAILABLE.format(name="compare.comparison.compare_runs"))
         if self.baseline is None:
             return Absent("no baseline chosen: pick one in the sidebar")
         return _compare(self.root, self.baseline, self.fingerprint(self.baseline), self.run,

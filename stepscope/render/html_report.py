@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from typing import Any
 
+from stepscope.analysis.parts import Part
 from stepscope.errors import UsageError
-from stepscope.render.compare_tables import Table
+from stepscope.render.table import Table, to_html
 
 
 def javascript_bundle() -> str:
@@ -25,16 +27,19 @@ def javascript_bundle() -> str:
     return vl_convert.javascript_bundle(vl_version=vl_version_for_vl_convert())
 
 
-def breakdown_chart(rows: list[dict[str, Any]], parts: list[tuple[str, str]]) -> dict[str, Any]:
-    """Stacked bars: each step's window split into its parts (ms), one bar per rank and step."""
+def breakdown_chart(rows: list[dict[str, Any]], parts: Sequence[Part]) -> dict[str, Any]:
+    """Stacked bars: each step's window split into its parts (ms), one bar per rank and step, in
+    the parts' own colours (the dashboard's)."""
     import altair as alt
     import pandas as pd
 
-    long = [{"step": f"r{r['rank']} s{r['step']}", "part": label, "ms": r[column] / 1e6}
-            for r in rows for column, label in parts]
+    long = [{"step": f"r{r['rank']} s{r['step']}", "part": p.label, "ms": r[p.column] / 1e6}
+            for r in rows for p in parts]
+    labels = [p.label for p in parts]
     chart = alt.Chart(pd.DataFrame(long)).mark_bar().encode(
         x=alt.X("step:N", title="rank / step", sort=None), y=alt.Y("ms:Q", title="ms"),
-        color=alt.Color("part:N", sort=[label for _, label in parts]), tooltip=["step", "part", "ms"],
+        color=alt.Color("part:N", sort=labels, scale=alt.Scale(domain=labels, range=[p.color for p in parts])),
+        tooltip=["step", "part", "ms"],
     ).properties(title="Where each step's time goes", width=600, height=300)
     return chart.to_dict()
 
@@ -53,13 +58,6 @@ def comparison_chart(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     return chart.to_dict()
 
 
-def _table(t: Table) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in t.header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in t.rows)
-    note = f"<p class=note>{html.escape(t.note)}</p>" if t.note else ""
-    return f"<h3>{html.escape(t.title)}</h3>{note}" + (f"<table><tr>{head}</tr>{body}</table>" if t.rows else "")
-
-
 def render_report(title: str, overview: list[str], findings: list[dict[str, Any]],
                   charts: list[dict[str, Any]], tables: list[Table], bundle: str) -> str:
     """The page. ``charts`` are Vega-Lite specs, embedded with the inlined ``bundle``."""
@@ -70,13 +68,14 @@ def render_report(title: str, overview: list[str], findings: list[dict[str, Any]
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left}}.note{{color:#555;font-size:13px}}</style>
+td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left}}.num{{text-align:right}}
+.note{{color:#555;font-size:13px}}</style>
 <script type="text/javascript">{bundle}</script></head>
 <body><h1>{html.escape(title)}</h1>
 <h2>Overview</h2><ul>{"".join(f"<li>{html.escape(line)}</li>" for line in overview)}</ul>
 <h2>Findings</h2>{f"<ul>{items}</ul>" if items else "<p>No findings.</p>"}
 {divs}
-{"".join(_table(t) for t in tables)}
+{"".join(to_html(t) for t in tables)}
 <script type="text/javascript">{embeds}</script>
 </body></html>
 """

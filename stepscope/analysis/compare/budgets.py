@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from stepscope.analysis.parts import GPU
 from stepscope.errors import UsageError
 
 TIME_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
@@ -24,17 +25,12 @@ UNITS_BY_DIMENSION = {"ns": TIME_UNITS, "bytes": BYTE_UNITS, "gbps": BANDWIDTH_U
 
 BUDGET_METRICS: dict[str, str] = {
     "step_time": "ns",
-    "compute": "ns",
-    "comm_exposed": "ns",
-    "memcpy_h2d_exposed": "ns",
-    "memcpy_d2h_exposed": "ns",
-    "memcpy_d2d_exposed": "ns",
-    "memcpy_other_exposed": "ns",
-    "memset_exposed": "ns",
-    "idle": "ns",
+    **{metric: part.unit for metric, part in GPU.budget_metrics().items()},
     "peak_memory": "bytes",
 }
-"""Metric name -> dimension. These are the names of the comparison's metrics (see metrics.py)."""
+"""Metric name -> dimension. These are the names of the comparison's metrics (see metrics.py): the
+step time, each step part the catalogue (:mod:`stepscope.analysis.parts`) names a budget metric
+for, and the peak memory."""
 
 DEFAULT_BUDGETS: tuple[str, ...] = ("step_time:+10%", "peak_memory:+10%")
 """Used when neither the command line nor a config file gives budgets. Step time is what users

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.compare.comparability import Check, comparability
 from stepscope.analysis.compare.metrics import (
-    STEP_PARTS,
     RunFacts,
     NamedStat,
     RunProfile,
@@ -21,7 +20,9 @@ from stepscope.analysis.compare.metrics import (
 )
 from stepscope.analysis.compare.stats import MannWhitney, Spread, mann_whitney_greater, mann_whitney_less, spread
 from stepscope.analysis.findings import Finding, Severity
+from stepscope.analysis.parts import GPU
 from stepscope.analysis.sections import SQLStore
+from stepscope.render.units import format_value, signed_percent
 
 ALPHA = 0.05
 """Significance level of the noise test (one-sided Mann-Whitney U)."""
@@ -217,7 +218,7 @@ def _kernel_findings(kernels: Maybe[list[NamedDelta]], step_ns: float | None) ->
             continue
         what = {"added": "new kernel", "removed": "kernel no longer runs",
                 "changed": "kernel slower" if moved > 0 else "kernel faster"}[k.status]
-        pct = f" ({k.delta_pct:+.1f}%)" if k.delta_pct is not None else ""
+        pct = f" ({signed_percent(k.delta_pct)})" if k.delta_pct is not None else ""
         found.append(Finding(Severity.WARNING if moved > 0 else Severity.INFO, "compare.kernel",
                              f"{what}: {k.key}: {format_value(base, 'ns')} -> {format_value(cand, 'ns')} per step{pct}",
                              {"kernel": k.key, "status": k.status, "baseline_ns_per_step": k.baseline,
@@ -226,33 +227,14 @@ def _kernel_findings(kernels: Maybe[list[NamedDelta]], step_ns: float | None) ->
     return found
 
 
-def format_value(value: float | None, unit: str) -> str:
-    """A short human figure in the metric's unit (``ns``, ``bytes``, ``gbps``); ``n/a`` for None."""
-    if value is None:
-        return "n/a"
-    if unit == "ns":
-        for scale, suffix in ((1e9, "s"), (1e6, "ms"), (1e3, "us")):
-            if abs(value) >= scale:
-                return f"{value / scale:.3g} {suffix}" if abs(value) < 100 * scale else f"{value / scale:,.0f} {suffix}"
-        return f"{value:.0f} ns"
-    if unit == "bytes":
-        for scale, suffix in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-            if abs(value) >= scale:
-                return f"{value / scale:.3g} {suffix}"
-        return f"{value:.0f} B"
-    if unit == "gbps":
-        return f"{value:.3g} GB/s"
-    return f"{value:.4g}"
-
-
 def compare_profiles(base: RunProfile, cand: RunProfile, *, alpha: float = ALPHA) -> Comparison:
     """Compare two gathered runs (pure: no store access)."""
     source = base.step_source if base.step_source == cand.step_source else "mixed"
     metrics = [_metric("step_time", "step time", "ns", "median", base.samples["step_time"],
                        cand.samples["step_time"], base.step_source)]
-    for metric, column, label in STEP_PARTS:
-        metrics.append(_metric(metric, label, "ns", "median", base.samples[metric], cand.samples[metric],
-                               f"step_breakdown.{column}"))
+    for metric, part in GPU.budget_metrics().items():
+        metrics.append(_metric(metric, part.label, part.unit, "median", base.samples[metric], cand.samples[metric],
+                               f"step_breakdown.{part.column}"))
     metrics.append(_metric("peak_memory", f"peak memory ({base.peak_memory_device or 'n/a'})", "bytes", "max",
                            base.peak_memory, cand.peak_memory, "memory.step_peaks.peak_allocated_bytes"))
     kernels = _named(base.kernels, cand.kernels)

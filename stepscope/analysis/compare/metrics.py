@@ -7,34 +7,31 @@ Nothing here recomputes an analysis figure: step parts come from
 :func:`stepscope.analysis.copies.copy_summary`, memory peaks from
 :func:`stepscope.analysis.memory.step_peaks` and kernels from
 :func:`stepscope.analysis.kernels.top_kernels`. This module only gathers their rows into per-step samples
-(one value per rank and step) and per-name tables, the shapes that statistics need. When an
-analysis is missing or abstains, the metric is :class:`~stepscope.analysis.absent.Absent` with
-the reason, and the comparison says "not available" instead of inventing a number.
+(one value per rank and step) and per-name tables, the shapes that statistics need. Which step
+parts are compared, and under which metric names, is the catalogue's
+(``stepscope.analysis.parts.GPU.budget_metrics()``).
+When an analysis abstains, the metric is :class:`~stepscope.analysis.absent.Absent` with the
+reason, and the comparison says "not available" instead of inventing a number. The analyses are
+imported, never looked up by name: a renamed one fails at import, it cannot silently switch a
+budget off.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from importlib import import_module
-from typing import Any, Callable
+from typing import Any
 
 from stepscope.analysis.absent import Absent, Maybe
+from stepscope.analysis.breakdown import step_breakdown, step_windows
+from stepscope.analysis.comm import collective_kernels, collective_summary
+from stepscope.analysis.copies import copy_summary
+from stepscope.analysis.kernels import top_kernels
+from stepscope.analysis.memory import step_peaks
+from stepscope.analysis.parts import GPU
+from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore
-
-STEP_PARTS: tuple[tuple[str, str, str], ...] = (
-    ("compute", "compute_ns", "compute"),
-    ("comm_exposed", "comm_exposed_ns", "exposed communication"),
-    ("memcpy_h2d_exposed", "memcpy_h2d_exposed_ns", "exposed H2D copies"),
-    ("memcpy_d2h_exposed", "memcpy_d2h_exposed_ns", "exposed D2H copies"),
-    ("memcpy_d2d_exposed", "memcpy_d2d_exposed_ns", "exposed D2D copies"),
-    ("memcpy_other_exposed", "memcpy_other_exposed_ns", "exposed other copies"),
-    ("memset_exposed", "memset_exposed_ns", "exposed memsets"),
-    ("idle", "idle_ns", "GPU idle"),
-)
-"""(metric name, step_breakdown column, label): the disjoint parts of a step, in report order."""
 
 STEP_TIMES_SOURCE = "step_times"
 STEP_WINDOWS_SOURCE = "step_windows"
@@ -81,7 +78,8 @@ class RunProfile:
     facts: RunFacts
     step_source: str
     samples: dict[str, Maybe[list[float]]]
-    """Metric -> one value per (rank, step): ``step_time`` and the parts of :data:`STEP_PARTS`."""
+    """Metric -> one value per (rank, step): ``step_time`` and each metric of
+    ``stepscope.analysis.parts.GPU.budget_metrics()``."""
     peak_memory: Maybe[list[float]]
     """Peak allocated bytes per (rank, device, step) on the GPU (the host when no GPU rows)."""
     peak_memory_device: str | None
@@ -159,8 +157,6 @@ def step_samples(store: SQLStore, run: str, *, use_step_times: bool) -> tuple[st
     ``use_step_times``, else the step windows of :func:`~stepscope.analysis.breakdown.step_windows`
     (the profiled steps only). The parts always come from the profiled steps' breakdown.
     """
-    from stepscope.analysis.breakdown import step_breakdown, step_windows
-
     samples: dict[str, Maybe[list[float]]] = {}
     if use_step_times:
         source = STEP_TIMES_SOURCE
@@ -170,11 +166,11 @@ def step_samples(store: SQLStore, run: str, *, use_step_times: bool) -> tuple[st
         windows = [float(v) for v in step_windows(store, run).column("dur_ns").to_pylist()]
         samples["step_time"] = windows or Absent("no ProfilerStep#N annotations in this run's traces")
     breakdown = step_breakdown(store, run)
-    for metric, column, _label in STEP_PARTS:
+    for metric, part in GPU.budget_metrics().items():
         if isinstance(breakdown, Absent):
             samples[metric] = breakdown
         else:
-            samples[metric] = [float(v) for v in breakdown.column(column).to_pylist()]
+            samples[metric] = [float(v) for v in breakdown.column(part.column).to_pylist()]
     return source, samples
 
 
@@ -182,20 +178,9 @@ def has_step_times(store: SQLStore, run: str) -> bool:
     return store.sql("SELECT count(*) AS n FROM step_times WHERE run = $run", {"run": run}).to_pylist()[0]["n"] > 0
 
 
-def _optional(module: str, function: str) -> Callable[..., Any] | Absent:
-    """An analysis function that may not exist in this version: the function, or why not."""
-    try:
-        return getattr(import_module(module), function)
-    except (ImportError, AttributeError):
-        return Absent(f"not available: this stepscope has no {module}.{function}")
-
-
 def peak_memory_samples(store: SQLStore, run: str) -> tuple[Maybe[list[float]], str | None]:
     """Per-step allocated-memory peaks from :func:`stepscope.analysis.memory.step_peaks`: GPU rows
     when there are any, else host rows. Rows outside every step count too (a peak is a peak)."""
-    step_peaks = _optional("stepscope.analysis.memory", "step_peaks")
-    if isinstance(step_peaks, Absent):
-        return step_peaks, None
     rows = step_peaks(store, run).to_pylist()
     for device_type, label in ((1, "gpu"), (0, "cpu")):
         values = [float(r["peak_allocated_bytes"]) for r in rows
@@ -206,7 +191,7 @@ def peak_memory_samples(store: SQLStore, run: str) -> tuple[Maybe[list[float]], 
 
 
 def _median_over_ranks(per_rank: dict[str, list[float]]) -> dict[str, float]:
-    return {key: statistics.median(values) for key, values in per_rank.items() if values}
+    return {key: median(values) for key, values in per_rank.items() if values}
 
 
 TOP_KERNELS = 50
@@ -217,9 +202,6 @@ shows as added or removed)."""
 def kernel_stats(store: SQLStore, run: str, steps: int) -> Maybe[list[NamedStat]]:
     """Per GPU activity name: time and launches per profiled step (median over ranks), from
     :func:`stepscope.analysis.kernels.top_kernels` (which counts work launched inside steps)."""
-    top_kernels = _optional("stepscope.analysis.kernels", "top_kernels")
-    if isinstance(top_kernels, Absent):
-        return top_kernels
     if steps == 0:
         return Absent("no ProfilerStep#N annotations: kernel time per step is undefined")
     times: dict[str, list[float]] = defaultdict(list)
@@ -235,8 +217,6 @@ def kernel_stats(store: SQLStore, run: str, steps: int) -> Maybe[list[NamedStat]
 
 def collective_stats(store: SQLStore, run: str) -> Maybe[list[NamedStat]]:
     """Per collective and message-size bucket: bus bandwidth (median over ranks) and count."""
-    from stepscope.analysis.comm import collective_summary
-
     rows = collective_summary(store, run).to_pylist()
     if not rows:
         return Absent("no communication kernels in this run's traces")
@@ -254,8 +234,6 @@ def collective_stats(store: SQLStore, run: str) -> Maybe[list[NamedStat]]:
 def collectives_per_step(store: SQLStore, run: str) -> Maybe[dict[str, float]]:
     """Collective kind -> median count per (rank, step), from the per-kernel table of
     :func:`stepscope.analysis.comm.collective_kernels` (kernels outside any step are left out)."""
-    from stepscope.analysis.comm import collective_kernels
-
     per: dict[str, dict[tuple[int, int], int]] = defaultdict(lambda: defaultdict(int))
     rank_steps: set[tuple[int, int]] = set()
     for row in collective_kernels(store, run).to_pylist():
@@ -265,14 +243,12 @@ def collectives_per_step(store: SQLStore, run: str) -> Maybe[dict[str, float]]:
         rank_steps.add((row["rank"], row["step"]))
     if not rank_steps:
         return Absent("no communication kernels inside steps")
-    return {kind: statistics.median([by_step.get(rs, 0) for rs in sorted(rank_steps)])
+    return {kind: median([by_step.get(rs, 0) for rs in sorted(rank_steps)])
             for kind, by_step in sorted(per.items())}
 
 
 def copy_stats(store: SQLStore, run: str) -> Maybe[list[NamedStat]]:
     """Per copy direction and host memory: achieved bandwidth (median over ranks) and bytes."""
-    from stepscope.analysis.copies import copy_summary
-
     rows = copy_summary(store, run, per_step=False).to_pylist()
     if not rows:
         return Absent("no memcpy events in this run's traces")

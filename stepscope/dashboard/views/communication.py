@@ -6,6 +6,7 @@ import altair as alt
 import streamlit as st
 
 from stepscope.analysis.absent import Absent
+from stepscope.analysis.comm import arrival_skew, collective_kernels, comm_section
 from stepscope.dashboard._data import context
 from stepscope.dashboard._filters import select
 from stepscope.dashboard._view import bar_width, chart, data_table, frame, ns_to_ms, shown
@@ -13,7 +14,7 @@ from stepscope.dashboard._view import bar_width, chart, data_table, frame, ns_to
 ctx = context()
 st.title(f"Communication: {ctx.run}")
 
-result = ctx.section("comm")
+result = ctx.section(comm_section)
 if shown(result, "Communication"):
     st.subheader("Collectives")
     st.caption("Per rank, collective and message size (nccl-tests size S). Exposed: not under compute kernels. "
@@ -25,7 +26,7 @@ if shown(result, "Communication"):
         data_table(ns_to_ms(select(frame(result.by_group_phase), ctx)))
 
     st.subheader("Bus bandwidth against message size")
-    kernels = ctx.analysis("comm.collective_kernels")
+    kernels = ctx.analysis(collective_kernels)
     if shown(kernels, "Collective kernels"):
         kernels = select(frame(kernels), ctx)
         sized = kernels[kernels["busbw_gbps"].notna() & (kernels["bytes"] > 0)].copy()
@@ -51,7 +52,7 @@ if shown(result, "Communication"):
                        f"{len(kernels) - len(sized):,} without a size or factor are not drawn.")
 
     st.subheader("Arrival skew: rank x collective")
-    skew = ctx.analysis("comm.arrival_skew")
+    skew = ctx.analysis(arrival_skew)
     if shown(skew, "Arrival skew per rank and collective"):
         skew = ns_to_ms(select(frame(skew), ctx))
     if not isinstance(skew, Absent) and skew.empty:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
+from stepscope.analysis.copies import copies_section, copy_events
 from stepscope.dashboard._data import context
 from stepscope.dashboard._filters import select
 from stepscope.dashboard._view import GIB, chart, data_table, frame, ns_to_ms, shown, with_units
@@ -14,7 +15,7 @@ DIRECTIONS = ["h2d", "d2h", "d2d", "other"]
 ctx = context()
 st.title(f"Offload & copies: {ctx.run}")
 
-result = ctx.section("copies")
+result = ctx.section(copies_section)
 if shown(result, "Copies"):
     totals = with_units(ns_to_ms(select(frame(result.totals), ctx, step=None)), {"gib": ("bytes", GIB)})
     totals = totals.drop(columns=["step"], errors="ignore")  # per-rank totals: no step
@@ -68,7 +69,7 @@ if shown(result, "Copies"):
             data_table(data.drop(columns=["memory"]))
 
     st.subheader("Bandwidth of each copy against the link's peak")
-    events = ctx.analysis("copies.copy_events")
+    events = ctx.analysis(copy_events)
     if shown(events, "Copies"):
         events = select(frame(events), ctx)
         events = events[events["bandwidth_gbps"].notna() & events["direction"].isin(["h2d", "d2h"])].copy()

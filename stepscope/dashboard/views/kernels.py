@@ -5,6 +5,7 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
+from stepscope.analysis.kernels import launch_overhead, step_stats, top_cpu_ops, top_kernels
 from stepscope.dashboard._data import context
 from stepscope.dashboard._filters import select
 from stepscope.dashboard._view import bar_width, chart, data_table, frame, ns_to_ms, shown
@@ -32,8 +33,8 @@ def top_chart(df, title: str) -> None:
     ).properties(height=24 * len(df) + 40))
 
 
-kernels = ctx.analysis("kernels.top_kernels", n=TOP)
-ops = ctx.analysis("kernels.top_cpu_ops", n=TOP)
+kernels = ctx.analysis(top_kernels, n=TOP)
+ops = ctx.analysis(top_cpu_ops, n=TOP)
 ranks = list(ctx.ranks)
 rank = st.selectbox("Rank", ranks, key="kernels_rank") if len(ranks) > 1 else ranks[0]
 
@@ -59,7 +60,7 @@ top_section(ops, f"Top {TOP} CPU operators (inclusive time)", "Top CPU ops", "CP
             "CPU operator time by name")
 
 st.subheader("Launch overhead")
-launch = ctx.analysis("kernels.launch_overhead")
+launch = ctx.analysis(launch_overhead)
 if shown(launch, "Launch overhead"):
     launch = ns_to_ms(select(frame(launch), ctx))
     if launch.empty:
@@ -80,6 +81,6 @@ if shown(launch, "Launch overhead"):
         data_table(launch)
 
 st.subheader("Step-time statistics")
-stats = ctx.analysis("kernels.step_stats")
+stats = ctx.analysis(step_stats)
 if shown(stats, "Step statistics"):
     data_table(ns_to_ms(select(frame(stats), ctx)))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
+from stepscope.analysis.breakdown import step_windows
+from stepscope.analysis.memory import memory_section, memory_timeline
 from stepscope.dashboard._data import context
 from stepscope.dashboard._filters import select
 from stepscope.dashboard._view import GIB, NS_PER_MS, chart, data_table, frame, ns_to_ms, shown, with_units
@@ -14,8 +16,8 @@ DEVICE_TYPES = {0: "CPU", 1: "GPU"}
 ctx = context()
 st.title(f"Memory: {ctx.run}")
 
-result = ctx.section("memory")
-timeline = ctx.analysis("memory.memory_timeline")
+result = ctx.section(memory_section)
+timeline = ctx.analysis(memory_timeline)
 if shown(result, "Memory") and shown(timeline, "Memory timeline"):
     timeline = select(frame(timeline), ctx, step=None)
     timeline["device_name"] = timeline["device_type"].map(DEVICE_TYPES).fillna("device type ?") + " " + \
@@ -45,7 +47,7 @@ if shown(result, "Memory") and shown(timeline, "Memory timeline"):
             tooltip=[alt.Tooltip("counter:N"), alt.Tooltip("t_ms:Q", title="time (ms)", format=",.3f"),
                      alt.Tooltip("gib:Q", title="GiB", format=",.4f")],
         )]
-        windows = ctx.analysis("breakdown.step_windows")
+        windows = ctx.analysis(step_windows)
         if shown(windows, "Step boundaries"):
             bounds = select(frame(windows), ctx)
             bounds = bounds[bounds["rank"] == chosen["rank"]].copy()

@@ -7,51 +7,35 @@ import pandas as pd
 import streamlit as st
 
 from stepscope.analysis.absent import Absent
+from stepscope.analysis.breakdown import host_breakdown, rank_totals, step_breakdown, step_windows
+from stepscope.analysis.parts import GPU, HOST, Part
+from stepscope.analysis.steps import step_times
 from stepscope.dashboard._data import context
 from stepscope.dashboard._filters import select
-from stepscope.dashboard._view import NS_PER_MS, PART_COLORS, chart, data_table, frame, ns_to_ms, shown
-
-# ``step_breakdown`` columns (disjoint, summing to the step) -> legend label.
-PARTS = {
-    "compute_ns": "compute",
-    "comm_exposed_ns": "exposed communication",
-    "memcpy_h2d_exposed_ns": "exposed H2D copies",
-    "memcpy_d2h_exposed_ns": "exposed D2H copies",
-    "memcpy_d2d_exposed_ns": "exposed D2D copies",
-    "memcpy_other_exposed_ns": "exposed other copies",
-    "memset_exposed_ns": "exposed memset",
-    "idle_ns": "idle",
-}
+from stepscope.dashboard._view import NS_PER_MS, chart, data_table, frame, ns_to_ms, shown
 
 SEVERITY_ICON = {"critical": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 
 ctx = context()
 st.title(f"Overview: {ctx.run}")
 
-HOST_PARTS = {
-    "data_loading_ns": "data loading",
-    "optimizer_ns": "optimizer",
-    "compute_ops_ns": "compute ops",
-    "communication_ops_ns": "exposed communication ops",
-    "other_ns": "other (no op running)",
-}
-HOST_COLORS = {"data loading": "#F58518", "optimizer": "#B279A2", "compute ops": "#4C78A8",
-               "exposed communication ops": "#E45756", "other (no op running)": "#D3D3D3"}
 
 
-def breakdown_charts(steps, parts: dict[str, str], colors: dict[str, str], key: str) -> None:
-    """Stacked bars of one breakdown: a chosen rank's every step, and a chosen step's every rank.
+def breakdown_charts(steps, parts: tuple[Part, ...], key: str) -> None:
+    """Stacked bars of one breakdown (its disjoint parts, in the catalogue's labels, colours and
+    order): a chosen rank's every step, and a chosen step's every rank.
 
     Each bar segment is one row value of the analysis table (no aggregation here).
     """
-    long = steps.melt(id_vars=["rank", "step", "dur_ns"], value_vars=list(parts), var_name="part_col",
+    labels = {p.column: p.label for p in parts}
+    long = steps.melt(id_vars=["rank", "step", "dur_ns"], value_vars=list(labels), var_name="part_col",
                       value_name="ns")
-    long["part"] = long["part_col"].map(parts)
+    long["part"] = long["part_col"].map(labels)
     long["ms"] = long["ns"] / NS_PER_MS
     long["step_ms"] = long["dur_ns"] / NS_PER_MS
-    long["order"] = long["part_col"].map({c: i for i, c in enumerate(parts)})
-    color = alt.Color("part:N", title="part", sort=list(colors), legend=alt.Legend(labelLimit=260),
-                      scale=alt.Scale(domain=list(colors), range=list(colors.values())))
+    long["order"] = long["part_col"].map({c: i for i, c in enumerate(labels)})
+    color = alt.Color("part:N", title="part", sort=list(labels.values()), legend=alt.Legend(labelLimit=260),
+                      scale=alt.Scale(domain=list(labels.values()), range=[p.color for p in parts]))
     order = alt.Order("order:Q")
     tooltip = [alt.Tooltip("rank:O"), alt.Tooltip("step:O"), alt.Tooltip("part:N"),
                alt.Tooltip("ms:Q", title="time (ms)", format=",.3f"),
@@ -76,7 +60,7 @@ def breakdown_charts(steps, parts: dict[str, str], colors: dict[str, str], key: 
 
 
 # Headline: HTA-style whole-trace totals per rank (ranks without GPU events: the reason instead).
-totals = ctx.analysis("breakdown.rank_totals")
+totals = ctx.analysis(rank_totals)
 if shown(totals, "GPU totals"):
     totals = ns_to_ms(select(frame(totals), ctx))
     with_gpu = totals[totals["absent_reason"].isna()]
@@ -102,35 +86,36 @@ if shown(totals, "GPU totals"):
 findings_slot = st.container()
 
 st.subheader("Where each step's GPU time goes")
-steps = ctx.analysis("breakdown.step_breakdown")
+steps = ctx.analysis(step_breakdown)
 if shown(steps, "Step breakdown"):
     steps = select(frame(steps), ctx)
     if steps.empty:
         st.info("No steps of the selected ranks fall in the step range.")
     else:
-        breakdown_charts(steps, PARTS, PART_COLORS, "gpu")
+        breakdown_charts(steps, GPU.parts, "gpu")
         with st.expander("Step breakdown table (ms)"):
             data_table(ns_to_ms(steps))
 
 st.subheader("Where each step's host (CPU) time goes")
-host = ctx.analysis("breakdown.host_breakdown")
+host = ctx.analysis(host_breakdown)
 if shown(host, "Host breakdown"):
     host = select(frame(host), ctx)
     if host.empty:
         st.info("No steps of the selected ranks fall in the step range.")
     else:
-        st.caption("Over all of the rank's threads, in priority order: data loading, optimizer, other "
-                   "CPU ops, communication ops not under those; other: no op running.")
-        breakdown_charts(host, HOST_PARTS, HOST_COLORS, "host")
+        *claiming, rest = HOST.parts
+        st.caption("Over all of the rank's threads; an instant goes to the first of these active, in this order: "
+                   f"{', '.join(p.label for p in claiming)}; {rest.label}: none of them.")
+        breakdown_charts(host, HOST.parts, "host")
         with st.expander("Host breakdown table (ms)"):
             data_table(ns_to_ms(host))
 
 # Step time over the whole run: every step the collector timed (step_times) when the run has
 # them, else the profiled steps' windows.
 st.subheader("Step time over the whole run")
-times = ctx.analysis("steps.step_times")
+times = ctx.analysis(step_times)
 if isinstance(times, Absent):
-    windows = ctx.analysis("breakdown.step_windows")
+    windows = ctx.analysis(step_windows)
     if shown(windows, "Step times"):
         st.caption(f"Profiled steps only ({times.reason}; the collector's step timer records every step).")
         times = ns_to_ms(select(frame(windows), ctx)).rename(columns={"dur_ms": "wall_ms"})
