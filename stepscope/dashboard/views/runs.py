@@ -1,4 +1,5 @@
-"""Runs: every run in the store with its metadata, and each rank's trace for Perfetto."""
+"""Runs: every run in the store with its metadata, its profiled windows (the schedule and the
+watch's captures with their triggers), and each rank's trace for Perfetto."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import gzip
 
 import streamlit as st
 
+from stepscope.analysis.windows import profiled_windows
 from stepscope.dashboard._data import context
 from stepscope.dashboard._view import data_table, frame, ns_to_ms, shown
 
@@ -23,7 +25,7 @@ st.caption("The scheduled window and every capture the watch triggered (`stepsco
            "watch=True)`), with what was slow: `observed` against `reference` (the rank's rolling "
            "median, or the other ranks' median for a straggler), and `latency_steps` from the slow "
            "step to the first captured one.")
-windows = ctx.analysis("windows.profiled_windows")
+windows = ctx.analysis(profiled_windows)
 if shown(windows, "Profiled windows"):
     data_table(ns_to_ms(frame(windows)))
 
