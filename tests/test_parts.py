@@ -37,7 +37,10 @@ def _part(name: str, *claims: str, **kw: Any) -> Part:
 def test_catalogue_is_ordered_and_complete() -> None:
     assert [p.name for p in GPU.parts] == ["compute", "comm_exposed", "memcpy_h2d_exposed", "memcpy_d2h_exposed",
                                            "memcpy_d2d_exposed", "memcpy_other_exposed", "memset_exposed", "idle"]
-    assert [p.name for p in HOST.parts] == ["data_loading", "optimizer", "compute_ops", "communication_ops", "other"]
+    assert [p.name for p in HOST.parts] == ["data_loading", "optimizer", "sync_wait", "compute_ops", "communication_ops",
+                                            "other"]
+    assert [p.name for p in parts.COMM_EXPOSED.sub_parts] == ["comm_wait", "comm_transfer"]
+    assert [p.name for p in parts.COMMUNICATION_OPS.sub_parts] == ["communication_wait", "communication_transfer"]
     for breakdown in BREAKDOWNS:
         entries = list(breakdown.entries())
         assert len({e.column for e in entries}) == len(entries)
@@ -45,8 +48,9 @@ def test_catalogue_is_ordered_and_complete() -> None:
         assert all(re.fullmatch(r"#[0-9A-F]{6}", p.color) for p in breakdown.with_sub_parts())
         assert all(p.definition and p.label for p in entries)
     # The budget metric names are a contract (docs/COMPARE_JSON.md, users' stepscope.toml).
-    assert list(GPU.budget_metrics()) == ["compute", "comm_exposed", "memcpy_h2d_exposed", "memcpy_d2h_exposed",
-                                          "memcpy_d2d_exposed", "memcpy_other_exposed", "memset_exposed", "idle"]
+    assert list(GPU.budget_metrics()) == ["compute", "comm_exposed", "comm_wait", "comm_transfer", "memcpy_h2d_exposed",
+                                          "memcpy_d2h_exposed", "memcpy_d2d_exposed", "memcpy_other_exposed",
+                                          "memset_exposed", "idle"]
 
 
 def test_catalogue_refuses_malformed_breakdowns() -> None:
@@ -110,13 +114,12 @@ def test_every_gpu_category_the_store_writes_has_exactly_its_class() -> None:
 
 
 def test_every_split_part_has_its_split_rule() -> None:
-    """A GPU part with sub-parts needs the SQL that splits it (breakdown.SPLITS); the host
-    breakdown splits nothing yet, so a host sub-part would never be computed."""
+    """A part with sub-parts needs the SQL that splits it (breakdown.SPLITS), on the GPU and on
+    the host alike."""
     from stepscope.analysis.breakdown import _IDLE_CAUSE_RULES, SPLITS
 
-    assert {p for p in GPU.parts if p.sub_parts} == set(SPLITS)
+    assert {p for b in BREAKDOWNS for p in b.parts if p.sub_parts} == set(SPLITS)
     assert set(_IDLE_CAUSE_RULES) == set(parts.IDLE.sub_parts)
-    assert not any(p.sub_parts for p in HOST.parts), "host_breakdown has no split of a host part yet"
 
 
 # ---- every consumer follows the catalogue ---------------------------------------------------

@@ -21,6 +21,11 @@ def rank_filter(ranks: Sequence[int] | None, column: str = "rank") -> tuple[str,
     return f"list_contains($ranks::INTEGER[], {column})", {"ranks": [int(r) for r in ranks]}
 
 
+def sql_list(values: Sequence[str]) -> str:
+    """``('a', 'b')``: a SQL list literal of names the code itself defines (never user input)."""
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
+
+
 CLASS_BITS = 16
 """Bits per class in the packed running count: up to 65,535 intervals of one class active at
 once on one rank (a GPU runs at most a few hundred kernels concurrently)."""

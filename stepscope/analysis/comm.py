@@ -33,12 +33,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stepscope.analysis._local import local_sql
-from stepscope.analysis._sql import rank_filter
+from stepscope.analysis._sql import rank_filter, sql_list
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import Finding, Results, Severity, rule
-from stepscope.analysis.overlap import hidden_ctes
-from stepscope.analysis.parts import COMPUTE, COMPUTE_OPS
+from stepscope.analysis.matching import POINT_TO_POINT, collective_ctes, collective_rows
+from stepscope.analysis.overlap import COMPUTE_KERNELS_SQL, hidden_ctes
+from stepscope.analysis.parts import COMMUNICATION_OPS, COMPUTE, COMPUTE_OPS, HOST
 from stepscope.analysis.phase import gpu_phase_ctes
 from stepscope.analysis.sections import SQLStore, section
 
@@ -71,68 +72,56 @@ _BUCKET_MIN_SQL = (
     + " END"
 )
 
-_PG_CONFIG_TYPE = '[{"pg_name":"VARCHAR","pg_desc":"VARCHAR","pg_size":"BIGINT","ranks":"BIGINT[]"}]'
-
-
 def _params(run: str, ranks: Sequence[int] | None, column: str = "e.rank") -> tuple[str, dict[str, object]]:
     """The rank predicate on ``column`` and the parameters ``$run`` (and ``$ranks``) it needs."""
     predicate, params = rank_filter(ranks, column)
     return predicate, {"run": run, **params}
 
 
-HOST_SIDE_SQL = "e.kind = 'user_annotation' AND e.name LIKE 'gloo:%'"
-"""Host-side transfers counted as collectives: gloo's worker-thread annotations (``gloo:all_reduce``),
-the only record of the transfer itself in a gloo run (``c10d::allreduce_`` only enqueues it, and
-``nccl:*`` annotations are the host side of a kernel that is counted already)."""
+_HOST_HIDING = " OR ".join(f"({claim})" for p in HOST.earlier(COMMUNICATION_OPS) for claim in p.claims)
+_HIDING_SQL = f"""
+  ({COMPUTE_KERNELS_SQL})
+  OR (e.kind IN {sql_list(HOST.kinds)} AND ({_HOST_HIDING})
+      AND e.rank NOT IN (SELECT rank FROM events WHERE run = e.run AND kind = 'kernel'))"""
+"""What hides a collective: on a rank with GPU kernels its compute kernels; on a CPU-only rank the
+host work the host breakdown puts before communication (data loading, optimizer, syncs, compute
+ops: :data:`stepscope.analysis.parts.HOST`), as gloo's thread transfers while the main thread
+computes."""
 
 
 def _kernels_ctes(ranks_sql: str) -> str:
-    """CTEs ``comm`` (one row per communication kernel or host-side gloo transfer, process
-    group filled from ``distributedInfo.pg_config``), ``hidden``, ``ph`` and ``kernels``.
+    """CTEs ``comm`` (the rows of :func:`stepscope.analysis.matching.collective_ctes` of the
+    ranks asked for: one per communication kernel or host-side gloo transfer, matched across
+    ranks), ``hidden``, ``ph`` and ``kernels``.
 
-    The process group of a collective without process-group args is the only group of
-    ``pg_config`` when there is exactly one. Host-side transfers have no hidden/exposed time
-    (they run on the host, beside no GPU compute) and no phase (they run on the backend's worker
-    thread, outside every marker).
+    Host-side transfers have no hidden/exposed time (they run on the host, beside no GPU
+    compute) and no phase (they run on the backend's worker thread, outside every marker).
     """
     return f"""
-pg_config AS (
-  SELECT source, u.pg.pg_name AS pg_name, u.pg.pg_desc AS pg_desc, u.pg.pg_size AS pg_size,
-         '[' || array_to_string(u.pg.ranks, ', ') || ']' AS pg_ranks,
-         count(*) OVER (PARTITION BY source) AS groups
-  FROM (SELECT source, unnest(from_json(json_extract(distributed_info, '$.pg_config'),
-                                        '{_PG_CONFIG_TYPE}')) AS pg
-        FROM sources WHERE run = $run) u
+{collective_ctes()},
+comm AS (SELECT * FROM coll WHERE {ranks_sql}),
+comm_iv AS (
+  -- each collective (even id) and its wait (odd id): how much of each the rank's work hides
+  SELECT 2 * point_id AS point_id, run, rank, ts_ns AS t0, end_ns AS t1 FROM comm
+  UNION ALL
+  SELECT 2 * point_id + 1, run, rank, ts_ns, ts_ns + wait_ns FROM comm WHERE wait_ns > 0
 ),
-comm AS MATERIALIZED (
-  SELECT row_number() OVER (ORDER BY e.rank, e.source, e.ts_ns, e.stream, e.correlation, e.tid) AS point_id,
-         e.run, e.rank, e.source, e.step, e.name, e.ts_ns, e.dur_ns, e.ts_ns + e.dur_ns AS end_ns,
-         e.stream, e.correlation, e.collective::VARCHAR AS collective, e.bytes,
-         e.dtype::VARCHAR AS dtype, coalesce(e.group_size, pg.pg_size) AS group_size,
-         coalesce(e.pg_name::VARCHAR, pg.pg_name) AS pg_name, coalesce(e.pg_desc::VARCHAR, pg.pg_desc) AS pg_desc,
-         coalesce(e.pg_ranks::VARCHAR, pg.pg_ranks) AS pg_ranks, e.comm_seq,
-         e.kind <> 'kernel' AS host_side
-  FROM events e
-  LEFT JOIN pg_config pg ON pg.source = e.source
-   AND (pg.pg_name = e.pg_name::VARCHAR OR (e.pg_name IS NULL AND pg.groups = 1))
-  WHERE e.run = $run AND e.category = 'communication' AND e.dur_ns IS NOT NULL AND {ranks_sql}
-    AND (e.kind = 'kernel' OR ({HOST_SIDE_SQL}))
-),
-comm_iv AS (SELECT point_id, run, rank, ts_ns AS t0, end_ns AS t1 FROM comm WHERE NOT host_side),
-{hidden_ctes('comm_iv', 'hidden')},
+{hidden_ctes('comm_iv', 'hidden', _HIDING_SQL)},
 {gpu_phase_ctes('comm', 'ph')},
 kernels AS (
   SELECT c.*, ph.phase,
-         CASE WHEN NOT c.host_side THEN coalesce(h.hidden_ns, 0) END AS hidden_ns,
-         CASE WHEN NOT c.host_side THEN c.dur_ns - coalesce(h.hidden_ns, 0) END AS exposed_ns,
+         coalesce(h.hidden_ns, 0) AS hidden_ns,
+         c.dur_ns - coalesce(h.hidden_ns, 0) AS exposed_ns,
+         c.wait_ns - coalesce(hw.hidden_ns, 0) AS exposed_wait_ns,
          {BUSBW_FACTOR_SQL} AS busbw_factor
   FROM comm c
-  LEFT JOIN hidden h USING (point_id)
-  LEFT JOIN ph USING (point_id)
+  LEFT JOIN hidden h ON h.point_id = 2 * c.point_id
+  LEFT JOIN hidden hw ON hw.point_id = 2 * c.point_id + 1
+  LEFT JOIN ph ON ph.point_id = c.point_id
 )"""
 
 
-_HOST_REASON = "host-side (gloo) transfer: no hidden/exposed time, no phase"
+_HOST_REASON = "host-side (gloo) transfer: no phase (the gloo worker thread runs outside every marker)"
 
 _ABSENT_BW_SQL = """
 CASE
@@ -153,7 +142,7 @@ def _kernels_table(store: SQLStore, run: str, ranks: Sequence[int] | None = None
     The one query that touches the store's events (the sweep and the phase join are its cost);
     the frames below aggregate its result, so a section runs it once, not once per frame.
     """
-    ranks_sql, params = _params(run, ranks)
+    ranks_sql, params = _params(run, ranks, "rank")
     return store.sql(f"WITH {_kernels_ctes(ranks_sql)} SELECT * EXCLUDE (source, correlation) FROM kernels", params)
 
 
@@ -165,7 +154,7 @@ def collective_kernels(store: SQLStore, run: str, ranks: Sequence[int] | None = 
 def _kernel_frame(kernels: pa.Table) -> pa.Table:
     return local_sql(f"""
 SELECT run, rank, step, phase, collective, pg_name, pg_desc, pg_ranks, group_size, comm_seq,
-       ts_ns, dur_ns, hidden_ns, exposed_ns, bytes, dtype, stream, name, host_side,
+       ts_ns, dur_ns, hidden_ns, exposed_ns, wait_ns, exposed_wait_ns, late, bytes, dtype, stream, name, host_side,
        bytes / nullif(dur_ns, 0) AS algbw_gbps,
        bytes * busbw_factor / nullif(dur_ns, 0) AS busbw_gbps,
        nullif(concat_ws('; ', {_ABSENT_BW_SQL}, CASE WHEN host_side THEN '{_HOST_REASON}' END), '') AS absent_reason
@@ -207,7 +196,9 @@ def group_phase_summary(store: SQLStore, run: str, ranks: Sequence[int] | None =
     """Per rank, process group and phase: how much communication, and how much of it is hidden.
 
     ``exposed_pct_of_steps`` relates the exposed time to the rank's total ``ProfilerStep`` time
-    (null, with a reason, when the trace has no steps).
+    (null, with a reason, when the trace has no steps); ``wait_ns``/``exposed_wait_ns`` are the
+    kernels' waits for peers (all of it / the part not under compute), ``exposed_transfer_ns``
+    the exposed time that is not waiting, and ``exposed_transfer_pct_of_steps`` its share.
     """
     return _group_phase_summary(_kernels_table(store, run, ranks), _step_totals(store, run, ranks))
 
@@ -216,7 +207,8 @@ def _step_totals(store: SQLStore, run: str, ranks: Sequence[int] | None) -> pa.T
     """Per rank: the summed duration of its ``ProfilerStep`` CPU windows."""
     ranks_sql, params = _params(run, ranks, "rank")
     return store.sql(
-        f"SELECT run, rank, sum(dur_ns)::BIGINT AS steps_ns FROM steps WHERE run = $run AND {ranks_sql} GROUP BY ALL",
+        f"SELECT run, rank, sum(dur_ns)::BIGINT AS steps_ns, count(*) AS steps FROM steps "
+        f"WHERE run = $run AND {ranks_sql} GROUP BY ALL",
         params,
     )
 
@@ -226,8 +218,12 @@ def _group_phase_summary(kernels: pa.Table, step_total: pa.Table) -> pa.Table:
 SELECT k.run, k.rank, k.pg_name, k.pg_desc, k.pg_ranks, k.group_size, k.phase, k.host_side,
        string_agg(DISTINCT k.collective, ', ' ORDER BY k.collective) AS collectives, count(*) AS count, sum(k.bytes)::BIGINT AS bytes, sum(k.dur_ns)::BIGINT AS dur_ns,
        sum(k.hidden_ns)::BIGINT AS hidden_ns, sum(k.exposed_ns)::BIGINT AS exposed_ns,
+       sum(k.wait_ns)::BIGINT AS wait_ns, sum(k.exposed_wait_ns)::BIGINT AS exposed_wait_ns,
+       (sum(k.exposed_ns) - coalesce(sum(k.exposed_wait_ns), 0))::BIGINT AS exposed_transfer_ns,
        100.0 * sum(k.hidden_ns) / nullif(sum(k.dur_ns), 0) AS hidden_pct,
        100.0 * sum(k.exposed_ns) / any_value(s.steps_ns) AS exposed_pct_of_steps,
+       100.0 * (sum(k.exposed_ns) - coalesce(sum(k.exposed_wait_ns), 0)) / any_value(s.steps_ns)
+         AS exposed_transfer_pct_of_steps, any_value(s.steps) AS steps,
        nullif(concat_ws('; ',
          CASE WHEN any_value(s.steps_ns) IS NULL THEN 'no ProfilerStep#N annotations in this rank''s trace' END,
          CASE WHEN any_value(k.host_side) THEN '{_HOST_REASON}' END), '') AS absent_reason
@@ -238,99 +234,94 @@ ORDER BY k.rank, exposed_ns DESC
     return local_sql(query, kernels=kernels, step_total=step_total)
 
 
-_INSTANCES_CTES = """
-keyed AS (
-  SELECT *,
-         CASE WHEN comm_seq IS NOT NULL THEN 'comm_seq' ELSE 'step_order' END AS matched_by,
-         CASE WHEN comm_seq IS NULL THEN step END AS match_step,
-         coalesce(comm_seq, row_number() OVER (PARTITION BY rank, pg_name, step ORDER BY ts_ns, stream))
-           AS match_seq
-  FROM kernels
-),
-keyed_max AS (
-  SELECT *, max(ts_ns) OVER (PARTITION BY pg_name, matched_by, match_step, match_seq) AS inst_last_ts
-  FROM keyed
-),
+_INSTANCES_CTE = f"""
 inst AS (
-  SELECT any_value(run) AS run, pg_name, any_value(pg_desc) AS pg_desc, matched_by, match_step,
-         match_seq, min(step) AS step, mode(collective) AS collective,
-         count(DISTINCT collective) > 1 AS collective_mismatch,
-         count(DISTINCT rank) AS ranks, count(*) AS kernels,
-         max(bytes) AS bytes, any_value(busbw_factor) AS busbw_factor,
-         min(ts_ns) AS first_start_ns, max(ts_ns) AS last_start_ns,
+  SELECT any_value(run) AS run, inst_id, any_value(pg_name) AS pg_name, any_value(pg_desc) AS pg_desc,
+         any_value(matched_by) AS matched_by, any_value(match_seq) AS match_seq, min(step) AS step,
+         mode(collective) AS collective, bool_or(collective_mismatch) AS collective_mismatch,
+         count(DISTINCT rank) AS ranks, any_value(inst_group_size) AS group_size, max(bytes) AS bytes,
+         any_value({BUSBW_FACTOR_SQL}) AS busbw_factor, bool_and(valid) AS valid,
+         any_value(absent_reason) AS absent_reason,
+         min(aligned_ts_ns) AS first_start_ns, max(aligned_ts_ns) AS last_start_ns,
          min(dur_ns) AS min_dur_ns, max(dur_ns) AS max_dur_ns,
-         arg_min(rank, ts_ns) AS first_rank_any,
-         CASE WHEN count(*) FILTER (WHERE ts_ns = inst_last_ts) = 1 THEN arg_max(rank, ts_ns) END
-           AS last_rank_any
-  FROM keyed_max
-  GROUP BY pg_name, matched_by, match_step, match_seq
+         arg_min(rank, aligned_ts_ns) AS first_rank_any,
+         CASE WHEN count(*) FILTER (WHERE aligned_ts_ns = last_start_ns) = 1 THEN arg_max(rank, aligned_ts_ns) END
+           AS last_rank_any,
+         list(rank ORDER BY rank) FILTER (WHERE late) AS late_ranks,
+         sum(wait_ns)::BIGINT AS wait_ns, max(wait_ns) AS max_wait_ns
+  FROM rows GROUP BY inst_id
 )"""
-"""CTEs ``keyed`` (kernels with their match key) and ``inst`` (one row per collective instance
-matched across ranks), over the relation ``kernels``."""
+"""CTE ``inst``: one row per collective instance over the relation ``rows`` (rows of
+:func:`stepscope.analysis.matching.collective_rows`, every rank); times are clock-aligned."""
 
-
-_POINT_TO_POINT = "('send', 'recv', 'send_recv')"
+_POINT_TO_POINT = sql_list(POINT_TO_POINT)
 """Point-to-point transfers: a pipeline schedule makes one side wait by design, so they are
 matched and measured but not counted as last arrivals."""
 
-_MULTI = "ranks >= 2 AND ranks = kernels"
-"""An instance seen once on each of at least two ranks: the only kind skew is defined for."""
+
+def _rows(store: SQLStore, run: str, ranks: Sequence[int] | None) -> tuple[pa.Table, list[int] | None]:
+    """Every rank's collective rows (instances are cross-rank facts: matched over all ranks
+    whichever are asked for) and the ranks asked for."""
+    return collective_rows(store, run), None if ranks is None else [int(r) for r in ranks]
+
+
+def _wanted(ranks: list[int] | None, column: str = "rank") -> str:
+    """Predicate: ``column`` is one of the ranks asked for (``$wanted``), or every rank."""
+    return "TRUE" if ranks is None else f"list_contains($wanted::BIGINT[], {column})"
 
 
 def collective_instances(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
-    """One row per collective instance matched across ranks: skew, spread, last arrival.
+    """One row per collective instance matched across ranks (those that have a member on a rank
+    asked for): skew, spread, last arrival, waits.
 
-    Skew, spread, first/last rank and ``busbw_gbps`` (from the shortest duration, the best
-    estimate of the transfer itself) are null when the instance was seen on fewer than two
-    ranks or more than once on a rank (the matching is then ambiguous); ``absent_reason`` says so.
+    Skew, spread, first/last rank, late ranks, waits and ``busbw_gbps`` (from the shortest
+    duration, the best estimate of the transfer itself) are null when the instance is not valid
+    (seen on one rank, more than once on a rank, or its members disagree: see
+    :mod:`stepscope.analysis.matching`); ``absent_reason`` says why. Times are clock-aligned.
     ``last_rank`` is null when two ranks started at the same nanosecond.
     """
+    rows, wanted = _rows(store, run, ranks)
     query = f"""
-WITH {_INSTANCES_CTES}
-SELECT run, step, pg_name, pg_desc, matched_by, match_seq, collective, collective_mismatch,
-       ranks, bytes,
-       CASE WHEN {_MULTI} THEN last_start_ns - first_start_ns END AS start_skew_ns,
-       CASE WHEN {_MULTI} THEN min_dur_ns END AS min_dur_ns,
-       CASE WHEN {_MULTI} THEN max_dur_ns END AS max_dur_ns,
-       CASE WHEN {_MULTI} THEN max_dur_ns - min_dur_ns END AS dur_spread_ns,
-       CASE WHEN {_MULTI} THEN first_rank_any END AS first_rank,
-       CASE WHEN {_MULTI} THEN last_rank_any END AS last_rank,
-       CASE WHEN {_MULTI} THEN bytes / nullif(min_dur_ns, 0) END AS algbw_gbps,
-       CASE WHEN {_MULTI} THEN bytes * busbw_factor / nullif(min_dur_ns, 0) END AS busbw_gbps,
-       CASE WHEN ranks < 2 THEN 'seen on one rank only'
-            WHEN ranks <> kernels THEN 'matched more than once on a rank: ambiguous'
-       END AS absent_reason
+WITH {_INSTANCES_CTE}
+SELECT run, step, pg_name, pg_desc, matched_by, match_seq, collective, collective_mismatch, ranks, group_size, bytes,
+       CASE WHEN valid THEN last_start_ns - first_start_ns END AS start_skew_ns,
+       CASE WHEN valid THEN min_dur_ns END AS min_dur_ns,
+       CASE WHEN valid THEN max_dur_ns END AS max_dur_ns,
+       CASE WHEN valid THEN max_dur_ns - min_dur_ns END AS dur_spread_ns,
+       CASE WHEN valid THEN first_rank_any END AS first_rank,
+       CASE WHEN valid THEN last_rank_any END AS last_rank,
+       late_ranks, wait_ns, max_wait_ns,
+       CASE WHEN valid THEN bytes / nullif(min_dur_ns, 0) END AS algbw_gbps,
+       CASE WHEN valid THEN bytes * busbw_factor / nullif(min_dur_ns, 0) END AS busbw_gbps,
+       absent_reason, first_start_ns
 FROM inst
-ORDER BY first_start_ns
+WHERE inst_id IN (SELECT inst_id FROM rows WHERE {_wanted(wanted)})
+ORDER BY first_start_ns, inst_id
 """
-    return local_sql(query, kernels=_kernels_table(store, run, ranks))
+    return local_sql(query, {"wanted": wanted} if wanted is not None else None, rows=rows).drop_columns(
+        ["first_start_ns"])
 
 
 def rank_arrivals(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
-    """Per rank: how often it arrives last at a collective, overall and step by step.
+    """Per rank: how often it arrives last at a collective, overall and step by step, and how long
+    it waits.
 
     Point-to-point transfers (send, recv, send_recv) are left out: in pipeline parallelism one
     stage waits for the other by design, which says nothing about a slow rank.
 
-    ``last_pct`` is the share of the rank's matched instances (seen on two ranks or more) at
-    which it started last. ``steps_last_most`` counts the steps in which this rank was the
-    last arrival more often than any other rank (ties count for nobody), out of
-    ``steps_with_instances``: a straggler that recurs step after step is a slow rank, one that
-    does not is noise.
+    ``last_pct`` is the share of the rank's valid instances at which it started last.
+    ``steps_last_most`` counts the steps in which this rank was the last arrival more often than
+    any other rank (ties count for nobody), out of ``steps_with_instances``. ``wait_ns`` is the
+    rank's summed wait inside those collectives.
     """
-    return _rank_arrivals(_kernels_table(store, run, ranks))
-
-
-def _rank_arrivals(kernels: pa.Table) -> pa.Table:
+    rows, wanted = _rows(store, run, ranks)
     query = f"""
-WITH {_INSTANCES_CTES},
-multi AS (SELECT * FROM inst WHERE {_MULTI} AND collective NOT IN {_POINT_TO_POINT}),
+WITH {_INSTANCES_CTE},
+multi AS (SELECT * FROM inst WHERE valid AND collective NOT IN {_POINT_TO_POINT}),
 seen AS (
   SELECT k.rank, count(*) AS instances, count(*) FILTER (WHERE m.last_rank_any = k.rank) AS last_count,
-         sum(k.ts_ns - m.first_start_ns)::BIGINT AS late_ns
-  FROM keyed k JOIN multi m
-    ON k.pg_name IS NOT DISTINCT FROM m.pg_name AND k.matched_by = m.matched_by
-   AND k.match_step IS NOT DISTINCT FROM m.match_step AND k.match_seq = m.match_seq
+         sum(k.aligned_ts_ns - m.first_start_ns)::BIGINT AS late_ns, sum(k.wait_ns)::BIGINT AS wait_ns
+  FROM rows k JOIN multi m USING (inst_id)
   GROUP BY k.rank
 ),
 per_step AS (
@@ -342,62 +333,60 @@ step_top AS (
   FROM (SELECT *, max(n) OVER (PARTITION BY step) AS max_n FROM per_step)
   GROUP BY step
 )
-SELECT (SELECT any_value(run) FROM kernels) AS run, s.rank, s.instances, s.last_count,
+SELECT (SELECT any_value(run) FROM rows) AS run, s.rank, s.instances, s.last_count,
        100.0 * s.last_count / s.instances AS last_pct,
-       s.late_ns / s.instances AS mean_late_ns,
+       s.late_ns / s.instances AS mean_late_ns, s.wait_ns,
        (SELECT count(*) FROM step_top t WHERE t.top_rank = s.rank) AS steps_last_most,
        (SELECT count(DISTINCT step) FROM multi) AS steps_with_instances
 FROM seen s
+WHERE {_wanted(wanted, "s.rank")}
 ORDER BY s.rank
 """
-    return local_sql(query, kernels=kernels)
+    return local_sql(query, {"wanted": wanted} if wanted is not None else None, rows=rows)
 
 
 def skew_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
-    """Per process group and collective, over instances seen once on each of two ranks or more:
-    how many, mean and max start skew, mean duration spread, and median bus bandwidth of the
-    transfer (from each instance's shortest duration)."""
-    return _skew_summary(_kernels_table(store, run, ranks))
-
-
-def _skew_summary(kernels: pa.Table) -> pa.Table:
+    """Per process group and collective, over valid instances: how many, mean and max start
+    skew, mean duration spread, the waits in them, and the median bus bandwidth of the transfer
+    (from each instance's shortest duration)."""
+    rows, wanted = _rows(store, run, ranks)
     query = f"""
-WITH {_INSTANCES_CTES}
+WITH {_INSTANCES_CTE}
 SELECT any_value(run) AS run, pg_name, any_value(pg_desc) AS pg_desc, collective,
        count(*) AS instances, max(ranks) AS ranks,
        avg(last_start_ns - first_start_ns) AS mean_start_skew_ns,
        max(last_start_ns - first_start_ns) AS max_start_skew_ns,
        avg(max_dur_ns - min_dur_ns) AS mean_dur_spread_ns,
+       sum(wait_ns)::BIGINT AS wait_ns, max(max_wait_ns) AS max_wait_ns,
        median(bytes * busbw_factor / nullif(min_dur_ns, 0)) AS median_busbw_gbps
-FROM inst WHERE {_MULTI}
+FROM inst WHERE valid AND inst_id IN (SELECT inst_id FROM rows WHERE {_wanted(wanted)})
 GROUP BY pg_name, collective
 ORDER BY pg_name, collective
 """
-    return local_sql(query, kernels=kernels)
+    return local_sql(query, {"wanted": wanted} if wanted is not None else None, rows=rows)
 
 
 def arrival_skew(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
-    """Per rank and collective: how late the rank starts the instances it takes part in.
+    """Per rank and collective: how late the rank starts the valid instances it takes part in.
 
-    Over instances seen once on each of two ranks or more (as :func:`collective_instances`),
-    ``late_ns`` of a rank at an instance is its start minus the earliest start among the ranks.
-    Columns: ``run, rank, collective, instances, mean_late_ns, max_late_ns, last_count`` (how often
-    it started last). Point-to-point transfers are included: this is a map of who waits, not a
-    straggler verdict (see :func:`rank_arrivals` for that).
+    ``late_ns`` of a rank at an instance is its (clock-aligned) start minus the earliest start
+    among the ranks. Columns: ``run, rank, collective, instances, mean_late_ns, max_late_ns,
+    last_count`` (how often it started last), ``wait_ns`` (its summed wait). Point-to-point
+    transfers are included: this is a map of who waits, not a verdict.
     """
+    rows, wanted = _rows(store, run, ranks)
     query = f"""
-WITH {_INSTANCES_CTES},
-multi AS (SELECT * FROM inst WHERE {_MULTI})
+WITH {_INSTANCES_CTE},
+multi AS (SELECT * FROM inst WHERE valid)
 SELECT $run AS run, k.rank, m.collective, count(*) AS instances,
-       avg(k.ts_ns - m.first_start_ns) AS mean_late_ns, max(k.ts_ns - m.first_start_ns) AS max_late_ns,
-       count(*) FILTER (WHERE m.last_rank_any = k.rank) AS last_count
-FROM keyed k JOIN multi m
-  ON k.pg_name IS NOT DISTINCT FROM m.pg_name AND k.matched_by = m.matched_by
- AND k.match_step IS NOT DISTINCT FROM m.match_step AND k.match_seq = m.match_seq
+       avg(k.aligned_ts_ns - m.first_start_ns) AS mean_late_ns, max(k.aligned_ts_ns - m.first_start_ns) AS max_late_ns,
+       count(*) FILTER (WHERE m.last_rank_any = k.rank) AS last_count, sum(k.wait_ns)::BIGINT AS wait_ns
+FROM rows k JOIN multi m USING (inst_id)
+WHERE {_wanted(wanted, "k.rank")}
 GROUP BY k.rank, m.collective
 ORDER BY k.rank, m.collective
 """
-    return local_sql(query, {"run": run}, kernels=_kernels_table(store, run, ranks))
+    return local_sql(query, {"run": run, **({"wanted": wanted} if wanted is not None else {})}, rows=rows)
 
 
 def rank_compute(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
@@ -477,8 +466,8 @@ def comm_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Mayb
     return CommResult(
         by_collective=_collective_summary(kernels),
         by_group_phase=_group_phase_summary(kernels, _step_totals(store, run, ranks)),
-        skew=_skew_summary(kernels) if multi else Absent(_ONE_RANK),
-        arrivals=_rank_arrivals(kernels) if multi else Absent(_ONE_RANK),
+        skew=skew_summary(store, run, ranks) if multi else Absent(_ONE_RANK),
+        arrivals=rank_arrivals(store, run, ranks) if multi else Absent(_ONE_RANK),
         compute=rank_compute(store, run, ranks) if multi else Absent(_ONE_RANK),
         ranks=n_ranks,
     )
