@@ -233,7 +233,8 @@ def collective_stats(store: SQLStore, run: str) -> Maybe[list[NamedStat]]:
 
 def collectives_per_step(store: SQLStore, run: str) -> Maybe[dict[str, float]]:
     """Collective kind -> median count per (rank, step), from the per-kernel table of
-    :func:`stepscope.analysis.comm.collective_kernels` (kernels outside any step are left out)."""
+    :func:`stepscope.analysis.comm.collective_kernels` (kernels outside any step are left out;
+    kinds with a median of 0 too)."""
     per: dict[str, dict[tuple[int, int], int]] = defaultdict(lambda: defaultdict(int))
     rank_steps: set[tuple[int, int]] = set()
     for row in collective_kernels(store, run).to_pylist():
@@ -243,8 +244,10 @@ def collectives_per_step(store: SQLStore, run: str) -> Maybe[dict[str, float]]:
         rank_steps.add((row["rank"], row["step"]))
     if not rank_steps:
         return Absent("no communication kernels inside steps")
-    return {kind: statistics.median([by_step.get(rs, 0) for rs in sorted(rank_steps)])
-            for kind, by_step in sorted(per.items())}
+    medians = {kind: statistics.median([by_step.get(rs, 0) for rs in sorted(rank_steps)])
+               for kind, by_step in sorted(per.items())}
+    # a kind absent from most steps (a kernel whose launch the trace missed) is not the structure
+    return {kind: n for kind, n in medians.items() if n > 0}
 
 
 def copy_stats(store: SQLStore, run: str) -> Maybe[list[NamedStat]]:
