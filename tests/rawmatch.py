@@ -117,19 +117,30 @@ def _pg(doc: dict[str, Any]) -> str | None:
     groups = (doc.get("distributedInfo") or {}).get("pg_config") or []
     return groups[0]["pg_name"] if len(groups) == 1 else None
 
-def _offsets(instances: list[Instance], keep) -> dict[int, int]:
-    """Per rank: the correction (median end deviation when it exceeds its median absolute deviation)."""
+def _deviations(instances: list[Instance], keep) -> dict[int, list[float]]:
+    """Per rank: each kept instance's end minus the median end of its members."""
     devs: dict[int, list[float]] = defaultdict(list)
     for inst in instances:
         if keep(inst):
-            mid = statistics.median(m.end for m in inst.members)
+            first = min(m.end for m in inst.members)
+            mid = statistics.median(m.end - first for m in inst.members)
             for m in inst.members:
-                devs[m.rank].append(m.end - mid)
-    out = {}
-    for rank, d in devs.items():
+                devs[m.rank].append(m.end - first - mid)
+    return devs
+
+
+def _round(x: float) -> int:
+    """Half away from zero, as SQL's round()."""
+    return int(math.copysign(math.floor(abs(x) + 0.5), x))
+
+
+def _offsets(instances: list[Instance], keep) -> dict[Any, Any]:
+    """Per rank: the correction (median end deviation when it exceeds its median absolute deviation)."""
+    out: dict[Any, Any] = {}
+    for rank, d in _deviations(instances, keep).items():
         offset = statistics.median(d)
         spread = statistics.median(abs(x - offset) for x in d)
-        out[rank] = round(offset) if abs(offset) > spread else 0
+        out[rank] = _round(offset) if abs(offset) > spread else 0
         out[(rank, "spread")] = spread
     return out
 
@@ -185,15 +196,8 @@ def match(docs: list[dict[str, Any]]) -> list[Instance]:
 
 def offsets(docs: list[dict[str, Any]]) -> dict[int, tuple[float, float]]:
     """Per rank: (clock offset, spread) from the valid instances, as documented."""
-    instances = match(docs)
-    devs: dict[int, list[float]] = defaultdict(list)
-    for inst in instances:
-        if inst.valid:
-            mid = statistics.median(m.end for m in inst.members)
-            for m in inst.members:
-                devs[m.rank].append(m.end - mid)
     out = {}
-    for rank, d in devs.items():
+    for rank, d in _deviations(match(docs), lambda i: i.valid).items():
         offset = statistics.median(d)
         out[rank] = (offset, statistics.median(abs(x - offset) for x in d))
     return out

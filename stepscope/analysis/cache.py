@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 _CODE_FILES = ("_sql.py", "breakdown.py", "kernels.py", "cache.py",
                "_local.py", "overlap.py", "phase.py", "comm.py", "copies.py", "memory.py", "matching.py",
-               "parts.py")
+               "parts.py", "lateness.py")
 _CODE_HASH = hashlib.sha256(
     b"".join((Path(__file__).parent / name).read_bytes() for name in _CODE_FILES)
 ).hexdigest()[:16]

@@ -14,14 +14,17 @@ that table (:mod:`stepscope.analysis._local`). Definitions (docs/ANALYSIS.md, "C
   reduce, send, recv, send_recv ``1``. Without a size, a group size or a factor the bandwidth is
   null and ``absent_reason`` says which.
 - ``hidden_ns`` is the part of a kernel that overlaps the union of compute kernels on the same
-  rank (HTA/TraceLens: compute hides communication); ``exposed_ns = dur_ns - hidden_ns``. Sums
-  over kernels count two collectives running at once on different streams twice; the step
-  breakdown's exposed-communication figure is the union and never does.
-- Across ranks, one collective *instance* is matched by process group and by the group's sequence
-  number when recorded, else by (step, order within the group in that step) on every rank. Its
-  transfer time is the shortest duration among the ranks, ``start_skew_ns`` the latest start
+  rank (HTA/TraceLens: compute hides communication); on a CPU-only rank, the part of a gloo
+  transfer under the host work the host breakdown puts first (data loading, optimizer, syncs,
+  compute ops). ``exposed_ns = dur_ns - hidden_ns``. Sums over kernels count two collectives
+  running at once on different streams twice; the step breakdown's exposed-communication
+  figure is the union and never does.
+- Across ranks (:mod:`stepscope.analysis.matching`): instances matched by sequence number or by
+  order, checked, clock-aligned; ``wait_ns`` of a member is its time inside the collective
+  before the last peer arrived, ``exposed_wait_ns`` the part of it not hidden. The transfer time
+  of an instance is the shortest duration among the ranks, ``start_skew_ns`` the latest start
   minus the earliest, and the rank that started last is the instance's last arrival (none when
-  two ranks tie). Timestamps of different hosts are compared as recorded: clocks must be in sync.
+  two ranks tie).
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ from stepscope.analysis._local import local_sql
 from stepscope.analysis._sql import rank_filter, sql_list
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
-from stepscope.analysis.findings import Finding, Results, Severity, rule
-from stepscope.analysis.matching import POINT_TO_POINT, collective_ctes, collective_rows
+from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ms, ranks_phrase, rule
+from stepscope.analysis.matching import POINT_TO_POINT, clock_offsets, collective_ctes, collective_rows
 from stepscope.analysis.overlap import COMPUTE_KERNELS_SQL, hidden_ctes
 from stepscope.analysis.parts import COMMUNICATION_OPS, COMPUTE, COMPUTE_OPS, HOST
 from stepscope.analysis.phase import gpu_phase_ctes
@@ -155,6 +158,7 @@ def _kernel_frame(kernels: pa.Table) -> pa.Table:
     return local_sql(f"""
 SELECT run, rank, step, phase, collective, pg_name, pg_desc, pg_ranks, group_size, comm_seq,
        ts_ns, dur_ns, hidden_ns, exposed_ns, wait_ns, exposed_wait_ns, late, bytes, dtype, stream, name, host_side,
+       inst_id, valid, inst_group_size, clock_correction_ns, aligned_ts_ns,
        bytes / nullif(dur_ns, 0) AS algbw_gbps,
        bytes * busbw_factor / nullif(dur_ns, 0) AS busbw_gbps,
        nullif(concat_ws('; ', {_ABSENT_BW_SQL}, CASE WHEN host_side THEN '{_HOST_REASON}' END), '') AS absent_reason
@@ -197,7 +201,8 @@ def group_phase_summary(store: SQLStore, run: str, ranks: Sequence[int] | None =
 
     ``exposed_pct_of_steps`` relates the exposed time to the rank's total ``ProfilerStep`` time
     (null, with a reason, when the trace has no steps); ``wait_ns``/``exposed_wait_ns`` are the
-    kernels' waits for peers (all of it / the part not under compute), ``exposed_transfer_ns``
+    kernels' waits for peers (all of it / the part not under compute; ``matched`` counts the
+    kernels matched with another rank, whose wait is known), ``exposed_transfer_ns``
     the exposed time that is not waiting, and ``exposed_transfer_pct_of_steps`` its share.
     """
     return _group_phase_summary(_kernels_table(store, run, ranks), _step_totals(store, run, ranks))
@@ -218,7 +223,8 @@ def _group_phase_summary(kernels: pa.Table, step_total: pa.Table) -> pa.Table:
 SELECT k.run, k.rank, k.pg_name, k.pg_desc, k.pg_ranks, k.group_size, k.phase, k.host_side,
        string_agg(DISTINCT k.collective, ', ' ORDER BY k.collective) AS collectives, count(*) AS count, sum(k.bytes)::BIGINT AS bytes, sum(k.dur_ns)::BIGINT AS dur_ns,
        sum(k.hidden_ns)::BIGINT AS hidden_ns, sum(k.exposed_ns)::BIGINT AS exposed_ns,
-       sum(k.wait_ns)::BIGINT AS wait_ns, sum(k.exposed_wait_ns)::BIGINT AS exposed_wait_ns,
+       count(k.wait_ns) AS matched, sum(k.wait_ns)::BIGINT AS wait_ns,
+       sum(k.exposed_wait_ns)::BIGINT AS exposed_wait_ns,
        (sum(k.exposed_ns) - coalesce(sum(k.exposed_wait_ns), 0))::BIGINT AS exposed_transfer_ns,
        100.0 * sum(k.hidden_ns) / nullif(sum(k.dur_ns), 0) AS hidden_pct,
        100.0 * sum(k.exposed_ns) / any_value(s.steps_ns) AS exposed_pct_of_steps,
@@ -434,12 +440,13 @@ class CommResult:
     skew: Maybe[pa.Table]
     arrivals: Maybe[pa.Table]
     compute: Maybe[pa.Table]
+    clock_offsets: Maybe[pa.Table]
     ranks: int
 
 
 NO_COLLECTIVES = "no communication kernels or gloo transfers in the traces of this run (or of the ranks asked for)"
 
-_ONE_RANK = "one rank in this run: cross-rank skew and stragglers need two or more"
+_ONE_RANK = "one rank in this run: cross-rank skew, waits and clock offsets need two or more"
 
 
 def _rank_count(store: SQLStore, run: str, ranks: Sequence[int] | None) -> int:
@@ -448,107 +455,83 @@ def _rank_count(store: SQLStore, run: str, ranks: Sequence[int] | None) -> int:
                      params).to_pylist()[0]["n"]
 
 
+def _table(value: Maybe[pa.Table]) -> object:
+    return value if isinstance(value, Absent) else value.to_pylist()
+
+
 @section("comm", order=40, to_json=lambda r: {
     "by_collective": r.by_collective.to_pylist(),
     "by_group_phase": r.by_group_phase.to_pylist(),
-    "skew": r.skew if isinstance(r.skew, Absent) else r.skew.to_pylist(),
-    "arrivals": r.arrivals if isinstance(r.arrivals, Absent) else r.arrivals.to_pylist(),
-    "compute": r.compute if isinstance(r.compute, Absent) else r.compute.to_pylist(),
+    "skew": _table(r.skew),
+    "arrivals": _table(r.arrivals),
+    "compute": _table(r.compute),
+    "clock_offsets": _table(r.clock_offsets),
 })
 def comm_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe[CommResult]:
     """Communication per collective and size bucket, per process group and phase (exposed vs
-    hidden under compute), and across ranks: start skew, last arrivals, compute per rank."""
+    hidden under compute, waiting vs transfer), and across ranks: start skew, last arrivals,
+    compute per rank, clock offsets."""
     kernels = _kernels_table(store, run, ranks)
     if kernels.num_rows == 0:
         return Absent(NO_COLLECTIVES)
     n_ranks = _rank_count(store, run, ranks)
     multi = n_ranks >= 2
+    offsets: Maybe[pa.Table] = Absent(_ONE_RANK)
+    if multi:
+        offsets = clock_offsets(store, run)
+        if ranks is not None:
+            offsets = offsets.filter(pc.is_in(offsets.column("rank"), pa.array([int(r) for r in ranks], pa.int64())))
     return CommResult(
         by_collective=_collective_summary(kernels),
         by_group_phase=_group_phase_summary(kernels, _step_totals(store, run, ranks)),
         skew=skew_summary(store, run, ranks) if multi else Absent(_ONE_RANK),
         arrivals=rank_arrivals(store, run, ranks) if multi else Absent(_ONE_RANK),
         compute=rank_compute(store, run, ranks) if multi else Absent(_ONE_RANK),
+        clock_offsets=offsets,
         ranks=n_ranks,
     )
 
 
 EXPOSED_PCT_WARN = 10.0
-"""Exposed communication of one process group and phase above this share of step time warns."""
-
-STRAGGLER_MIN_INSTANCES = 10
-"""Fewer matched collectives than this say nothing about who is late."""
-
-COMPUTE_STRAGGLER_PCT = 10.0
-"""A rank computing this much longer per step than the median rank is a compute straggler."""
+"""Exposed transfer of one process group and phase above this share of step time warns."""
 
 
 @rule("comm.exposed", needs=("comm",))
 def exposed_rule(results: Results) -> Iterator[Finding]:
-    """A process group's communication in one phase is exposed (not under compute) for at least
-    10% of the rank's step time: overlap with compute is poor there."""
+    """A process group's communication in one phase transfers, exposed (not under compute and not
+    waiting for a peer), for at least 10% of the step time and 1 ms per step: overlap with
+    compute is poor there. Waiting for peers is ``comm.late_rank``'s, not this rule's. One
+    finding per process group, phase and collectives, over every rank where it holds."""
     result = results["comm"]
     assert isinstance(result, CommResult)
+    groups: dict[tuple, list[dict]] = {}
     for row in result.by_group_phase.to_pylist():
-        pct = row["exposed_pct_of_steps"]
-        if pct is None or pct < EXPOSED_PCT_WARN:
+        pct, steps = row["exposed_transfer_pct_of_steps"], row["steps"]
+        if pct is None or not steps or pct < EXPOSED_PCT_WARN or row["exposed_transfer_ns"] / steps < MIN_STAKE_NS:
             continue
-        group = row["pg_desc"] or row["pg_name"] or "unknown"
-        phase = row["phase"]
+        groups.setdefault((row["pg_name"], row["pg_desc"], row["phase"], row["collectives"]), []).append(row)
+    for (pg_name, pg_desc, phase, collectives), rows in groups.items():
+        worst = max(rows, key=lambda r: r["exposed_transfer_ns"] / r["steps"])
+        per_step = worst["exposed_transfer_ns"] / worst["steps"]
+        ranks = tuple(sorted(r["rank"] for r in rows))
         named = phase in ("forward", "backward", "optimizer")
         where = f"in {phase}" if named else ("outside forward/backward/optimizer" if phase else "in an unknown phase")
+        waited = sum(r["exposed_wait_ns"] or 0 for r in rows) / sum(r["steps"] for r in rows)
         yield Finding(
             Severity.WARNING,
             "comm.exposed",
-            f"{row['collectives']} {where} exposed {pct:.0f}% of step time on "
-            f"rank {row['rank']} (process group {group}; {row['hidden_pct']:.0f}% hidden under compute): "
-            f"overlap with {phase if named else 'compute'} is poor",
-            {"rank": row["rank"], "pg_name": row["pg_name"], "pg_desc": row["pg_desc"], "phase": row["phase"],
-             "exposed_ns": row["exposed_ns"], "hidden_pct": row["hidden_pct"], "exposed_pct_of_steps": pct},
-        )
-
-
-@rule("comm.straggler", needs=("comm",))
-def straggler_rule(results: Results) -> Iterator[Finding]:
-    """One rank starts last at most collectives: far above chance (1/ranks), halfway to always.
-    Needs at least 10 collectives matched across ranks."""
-    result = results["comm"]
-    assert isinstance(result, CommResult)
-    if isinstance(result.arrivals, Absent):
-        return
-    chance = 1.0 / result.ranks
-    threshold = 100.0 * (chance + (1.0 - chance) / 2)
-    for row in result.arrivals.to_pylist():
-        if row["instances"] < STRAGGLER_MIN_INSTANCES or row["last_pct"] < threshold:
-            continue
-        yield Finding(
-            Severity.WARNING,
-            "comm.straggler",
-            f"rank {row['rank']} arrives last at {row['last_pct']:.0f}% of {row['instances']} collectives "
-            f"(last most often in {row['steps_last_most']} of {row['steps_with_instances']} steps): "
-            "straggler suspect",
-            {"rank": row["rank"], "last_pct": row["last_pct"], "instances": row["instances"],
-             "steps_last_most": row["steps_last_most"], "steps_with_instances": row["steps_with_instances"],
-             "threshold_pct": threshold},
-        )
-
-
-@rule("comm.compute_straggler", needs=("comm",))
-def compute_straggler_rule(results: Results) -> Iterator[Finding]:
-    """A rank computes at least 10% longer per step than the median rank: the collectives make
-    every rank wait for it, so step times alone hide it."""
-    result = results["comm"]
-    assert isinstance(result, CommResult)
-    if isinstance(result.compute, Absent):
-        return
-    for row in result.compute.to_pylist():
-        pct = row["compute_vs_median_pct"]
-        if pct is None or pct < COMPUTE_STRAGGLER_PCT:
-            continue
-        yield Finding(
-            Severity.WARNING,
-            "comm.compute_straggler",
-            f"rank {row['rank']} computes {pct:.0f}% longer per step than the median rank "
-            f"({row['mean_compute_ns'] / 1e6:.1f} ms): compute straggler",
-            {"rank": row["rank"], "compute_vs_median_pct": pct, "mean_compute_ns": row["mean_compute_ns"]},
+            f"{ranks_phrase(ranks)}: {collectives} {where} transfers exposed for {ms(per_step)} per step "
+            f"({worst['exposed_transfer_pct_of_steps']:.0f}% of the step, process group {pg_desc or pg_name or 'unknown'}; "
+            f"{worst['hidden_pct']:.0f}% of it hidden under compute): overlap with "
+            f"{phase if named else 'compute'} is poor"
+            + (f" (another {ms(waited)} per step is waiting for peers: see comm.late_rank)" if waited >= MIN_STAKE_NS
+               else "")
+            + ("; no peer's trace matched these collectives, so part of this may be waiting for a peer, not "
+               "transfer" if not any(r["matched"] for r in rows) else ""),
+            {"ranks": list(ranks), "pg_name": pg_name, "pg_desc": pg_desc, "phase": phase, "collectives": collectives,
+             "exposed_transfer_ns_per_step": round(per_step), "exposed_wait_ns_per_step": round(waited),
+             "exposed_transfer_pct_of_steps": worst["exposed_transfer_pct_of_steps"],
+             "hidden_pct": worst["hidden_pct"], "worst_rank": worst["rank"]},
+            ranks=ranks,
+            time_at_stake_ns=round(per_step),
         )

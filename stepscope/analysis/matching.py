@@ -67,8 +67,12 @@ def _offset_ctes(prefix: str, rows: str, where: str) -> str:
     clock_correction_ns)``, one row per rank of ``rows`` (``instances`` 0 and no correction when
     none of its rows satisfies ``where``): offsets from the end times of the instances kept."""
     return f"""
+{prefix}_rel AS (
+  -- ends relative to the instance's first end: small numbers, exact in the medians' doubles
+  SELECT rank, inst_id, end_ns - min(end_ns) OVER (PARTITION BY inst_id) AS rel FROM {rows} WHERE {where}
+),
 {prefix}_dev AS (
-  SELECT rank, end_ns - median(end_ns) OVER (PARTITION BY inst_id) AS d FROM {rows} WHERE {where}
+  SELECT rank, rel - median(rel) OVER (PARTITION BY inst_id) AS d FROM {prefix}_rel
 ),
 {prefix}_off0 AS (SELECT rank, count(*) AS instances, median(d) AS offset FROM {prefix}_dev GROUP BY rank),
 {prefix}_off AS (
@@ -261,17 +265,23 @@ NO_MATCH = "no collective of this rank was matched with one of another traced ra
 
 @cached_frame("clock_offsets")
 def clock_offsets(store: SQLStore, run: str) -> pa.Table:
-    """Per rank of the run: ``instances`` (matched collectives the estimate rests on),
-    ``clock_offset_ns`` (median of the end-time differences to the instance medians),
-    ``clock_spread_ns`` (their median absolute deviation), ``clock_correction_ns`` (the offset when
-    it exceeds the spread, else 0: what is subtracted from the rank's times), ``absent_reason``
-    (why no offset could be estimated)."""
+    """Per rank of the run: ``instances`` (valid collectives the estimate rests on),
+    ``clock_offset_ns`` (the rank's median end-time difference to its instances' median end,
+    minus the same for ``reference_rank``, the lowest rank with an estimate: how far this rank's
+    clock runs ahead of the reference's), ``clock_spread_ns`` (the median absolute deviation of
+    the rank's end-time differences: the spread it is estimated from), ``clock_correction_ns``
+    (what is subtracted from the rank's times before waits and lateness are computed, relative
+    to the reference: its offset when that exceeds its spread, else 0), ``absent_reason`` (why no
+    offset could be estimated). Only differences between ranks' clocks can be known."""
     query = f"""
-WITH {collective_ctes()}
-SELECT $run AS run, s.rank, coalesce(o.instances, 0) AS instances, o.clock_offset_ns, o.clock_spread_ns,
-       coalesce(o.clock_correction_ns, 0) AS clock_correction_ns,
+WITH {collective_ctes()},
+est AS (SELECT * FROM _c_b_off WHERE instances > 0),
+ref AS (SELECT * FROM est ORDER BY rank LIMIT 1)
+SELECT $run AS run, s.rank, coalesce(o.instances, 0) AS instances, (SELECT rank FROM ref) AS reference_rank,
+       o.clock_offset_ns - (SELECT clock_offset_ns FROM ref) AS clock_offset_ns, o.clock_spread_ns,
+       coalesce(o.clock_correction_ns - (SELECT clock_correction_ns FROM ref), 0) AS clock_correction_ns,
        CASE WHEN o.rank IS NULL THEN $no_match END AS absent_reason
-FROM (SELECT DISTINCT rank FROM sources WHERE run = $run) s LEFT JOIN _c_b_off o ON o.rank = s.rank AND o.instances > 0
+FROM (SELECT DISTINCT rank FROM sources WHERE run = $run) s LEFT JOIN est o ON o.rank = s.rank
 ORDER BY s.rank
 """
     return store.sql(query, {"run": run, "no_match": NO_MATCH})

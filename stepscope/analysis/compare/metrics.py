@@ -179,12 +179,13 @@ def has_step_times(store: SQLStore, run: str) -> bool:
 
 
 def peak_memory_samples(store: SQLStore, run: str) -> tuple[Maybe[list[float]], str | None]:
-    """Per-step allocated-memory peaks from :func:`stepscope.analysis.memory.step_peaks`: GPU rows
-    when there are any, else host rows. Rows outside every step count too (a peak is a peak)."""
+    """Per-step allocated-memory peaks from :func:`stepscope.analysis.memory.step_peaks`: rows of
+    accelerator memory (CUDA, HIP, ...: :mod:`stepscope.analysis.devices`) when there are any,
+    else host rows. Rows outside every step count too (a peak is a peak)."""
     rows = step_peaks(store, run).to_pylist()
-    for device_type, label in ((1, "gpu"), (0, "cpu")):
+    for accelerator, label in ((True, "gpu"), (False, "cpu")):
         values = [float(r["peak_allocated_bytes"]) for r in rows
-                  if r["device_type"] == device_type and r["peak_allocated_bytes"] is not None]
+                  if r["accelerator"] == accelerator and r["peak_allocated_bytes"] is not None]
         if values:
             return values, label
     return Absent("no [memory] events in this run's traces (record with profile_memory=True)"), None

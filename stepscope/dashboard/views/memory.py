@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import altair as alt
+import pandas as pd
 import streamlit as st
 
 from stepscope.analysis.breakdown import step_windows
@@ -11,8 +12,6 @@ from stepscope.dashboard._data import context
 from stepscope.dashboard._filters import select
 from stepscope.dashboard._view import GIB, NS_PER_MS, chart, data_table, frame, ns_to_ms, shown, with_units
 
-DEVICE_TYPES = {0: "CPU", 1: "GPU"}
-
 ctx = context()
 st.title(f"Memory: {ctx.run}")
 
@@ -20,20 +19,28 @@ result = ctx.section(memory_section)
 timeline = ctx.analysis(memory_timeline)
 if shown(result, "Memory") and shown(timeline, "Memory timeline"):
     timeline = select(frame(timeline), ctx, step=None)
-    timeline["device_name"] = timeline["device_type"].map(DEVICE_TYPES).fillna("device type ?") + " " + \
-        timeline["device"].astype("Int64").astype(str)
-    # GPU series first: that is the memory people run out of.
-    series = timeline[["rank", "device_type", "device", "device_name"]].drop_duplicates().sort_values(
-        ["device_type", "rank", "device"], ascending=[False, True, True])
-    labels = [f"rank {r.rank}, {r.device_name}" for r in series.itertuples()]
+    timeline = timeline[timeline["ts_ns"].notna()]
+    # The device number -1 (or none) is the host's: no index to show.
+    device = timeline["device"].astype("Int64")
+    timeline["device_key"] = device.fillna(-1)
+    timeline["device_label"] = timeline["device_name"] + device.map(
+        lambda d: "" if pd.isna(d) or d < 0 else f" {d}").astype(str)
+    # Accelerator memory first (CUDA, HIP, ...): that is the memory people run out of.
+    series = timeline[["rank", "device_type", "device_key", "device_label", "accelerator"]].drop_duplicates(
+        ["rank", "device_type", "device_key"]).sort_values(["accelerator", "rank", "device_key"],
+                                                           ascending=[False, True, True])
+    labels = [f"rank {r.rank}, {r.device_label}" for r in series.itertuples()]
     if not labels:
         st.info("No memory events on the selected ranks.")
     else:
         pick = st.selectbox("Rank and device", range(len(labels)), format_func=labels.__getitem__, key="memory_series")
         chosen = series.iloc[pick]
         key = (timeline["rank"] == chosen["rank"]) & (timeline["device_type"] == chosen["device_type"]) & \
-              (timeline["device"].fillna(-1) == (chosen["device"] if chosen["device"] == chosen["device"] else -1))
+              (timeline["device_key"] == chosen["device_key"])
         data = timeline[key]
+        if data["rebuilt"].any():
+            st.caption("These [memory] events carry no Total Allocated/Reserved: allocated memory is rebuilt from "
+                       "their Bytes deltas (since the trace began); reserved memory is unknown.")
         origin = int(data["ts_ns"].min())
         long = data.melt(id_vars=["ts_ns"], value_vars=["total_allocated", "total_reserved"],
                          var_name="counter", value_name="bytes")
