@@ -1,4 +1,4 @@
-"""Communication: collectives, bus bandwidth against message size, arrival skew, stragglers."""
+"""Communication: collectives, bus bandwidth against message size, arrival skew, late ranks."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ if shown(result, "Communication"):
     else:
         shown(result.skew, "Cross-rank skew")
 
-    st.subheader("Straggler suspects")
+    st.subheader("Last arrivals and late ranks")
     if shown(result.arrivals, "Last arrivals"):
         arrivals = ns_to_ms(select(frame(result.arrivals), ctx))
     if not isinstance(result.arrivals, Absent) and arrivals.empty:
@@ -96,6 +96,6 @@ if shown(result, "Communication"):
     if shown(result.compute, "Compute per rank"):
         st.caption("Compute per rank: a compute straggler hides inside the collectives' waits.")
         data_table(ns_to_ms(select(frame(result.compute), ctx)))
-    suspects = [f for f in ctx.findings() if f.rule in ("comm.straggler", "comm.compute_straggler")]
+    suspects = [f for f in ctx.findings() if f.rule == "comm.late_rank"]
     for f in suspects:
         st.warning(f.message, icon=":material/warning:")
