@@ -6,6 +6,8 @@ script embedding stepscope gets exceptions, never ``sys.exit``.
 
 from __future__ import annotations
 
+import errno
+
 
 class StepscopeError(Exception):
     """Base of every error stepscope raises on purpose. ``exit_code`` is what the CLI returns."""
@@ -34,6 +36,43 @@ class StoreError(StepscopeError):
     """The store is missing, unreadable, or written by a newer stepscope."""
 
     exit_code = 3
+
+
+WRITE_PROBLEMS: dict[int, str] = {
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "disk full",
+    errno.EFBIG: "disk full",
+    errno.EROFS: "store not writable",
+    errno.EACCES: "store not writable",
+    errno.EPERM: "store not writable",
+    errno.ENOTDIR: "store not writable",
+    errno.EEXIST: "store not writable",
+}
+"""What an ``OSError`` met while writing the store means to the user, by errno: one class per
+cause, so that the collector warns once per class and the CLI says the same words.
+(``ENOTDIR``/``EEXIST``: a part of the store's path is a file.)"""
+
+
+def write_problem(exc: BaseException) -> str:
+    """The cause class of a failed write: "disk full", "store not writable", else "write failed"."""
+    return WRITE_PROBLEMS.get(getattr(exc, "errno", None) or -1, "write failed")
+
+
+def os_error_text(exc: OSError) -> str:
+    """``<ExceptionType>: <strerror>``, without the file name (often a temporary one)."""
+    return f"{type(exc).__name__}: {exc.strerror or exc}"
+
+
+class StoreWriteError(StoreError):
+    """Writing an input into the store failed (disk full, read-only, permissions): the store's
+    problem, not the input's. The message is ``<file>: not stored: <cause> in <store> (...)``."""
+
+    def __init__(self, path: object, store: object, exc: OSError) -> None:
+        self.problem = write_problem(exc)
+        self.errno = exc.errno
+        self.strerror = exc.strerror
+        self.detail = os_error_text(exc)
+        super().__init__(f"{path}: not stored: {self.problem} in {store} ({self.detail})")
 
 
 class Inconclusive(StepscopeError):

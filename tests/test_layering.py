@@ -33,11 +33,22 @@ def test_layer_imports(layer: str) -> None:
                 assert not (name == banned or name.startswith(banned + ".")), f"{path} imports {name}"
 
 
+RENDER_LEAVES = {"units.py": set(), "table.py": {"stepscope.render.units"}}
+"""Render modules that import nothing else of stepscope: the analysis layer formats its messages
+with units.py, and the table model must not drag the analyses into whoever draws a table."""
+
+
+@pytest.mark.parametrize("leaf", list(RENDER_LEAVES))
+def test_render_leaves_import_nothing_from_stepscope(leaf: str) -> None:
+    names = {n for n in _imports(PACKAGE / "render" / leaf) if n.startswith("stepscope")}
+    assert names <= RENDER_LEAVES[leaf], names
+
+
 def test_cli_start_does_not_import_heavy_modules() -> None:
     import subprocess
     import sys
 
     code = ("import sys; from stepscope.cli import build_parser; build_parser(None); "
-            "print(sorted(m for m in ('torch', 'duckdb', 'pyarrow', 'pandas', 'streamlit') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'duckdb', 'pyarrow', 'pandas', 'streamlit', 'rich') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

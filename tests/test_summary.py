@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import pytest
 
 from stepscope.analysis.absent import NO_GPU_EVENTS, NO_STEPS
 from stepscope.analysis.breakdown import host_breakdown, step_breakdown
 from stepscope.analysis.findings import RULES, evaluate
 from stepscope.analysis.kernels import launch_overhead, step_stats, top_cpu_ops, top_kernels
+from stepscope.analysis.quantiles import median
 from stepscope.analysis.summary import GPU_STEP_KEYS, build_summary, ranks_section
 from stepscope.cli import main
 from stepscope.store import open_store
@@ -165,20 +168,20 @@ def test_launch_overhead_matches_a_hand_count(ingested: Callable[[str], Path], s
     assert row["launch_ns"] == sum(d for d, _, _ in launches)
     assert row["launched_gpu_ns"] == sum(g for _, g, _ in launches)
     assert row["short_launches"] == sum(1 for d, g, _ in launches if g < d)
-    assert row["median_launch_delay_ns"] == delays[(len(delays) - 1) // 2]
+    assert row["median_launch_delay_ns"] == statistics.median(delays)  # even count: mean of the middle two
 
 
 @pytest.mark.parametrize("relative", [DFIR, UNSTEADY])
-def test_step_stats_match_nearest_rank_quantiles_of_the_json(
+def test_step_stats_match_interpolated_quantiles_of_the_json(
     ingested: Callable[[str], Path], shared_traces: Path, relative: str
 ) -> None:
     durs = sorted(end - start for start, end, _ in _steps(load_trace(shared_traces / relative)))
     n = len(durs)
-    nearest = lambda q: durs[max(0, -(-int(q * 100) * n // 100) - 1)]  # noqa: E731  rank ceil(q*n)
+    p90 = float(np.percentile(durs, 90))  # linear interpolation, numpy's default
     [row] = step_stats(open_store(ingested(relative)), "t").to_pylist()
     assert (row["source"], row["steps"], row["min_ns"], row["max_ns"]) == ("profiler_steps", n, durs[0], durs[-1])
-    assert (row["median_ns"], row["p90_ns"]) == (nearest(0.5), nearest(0.9))
-    assert row["spread_pct"] == pytest.approx(100 * (durs[-1] - durs[0]) / nearest(0.5))
+    assert row["median_ns"] == statistics.median(durs) and row["p90_ns"] == pytest.approx(p90)
+    assert row["spread_pct"] == pytest.approx(100 * (durs[-1] - durs[0]) / statistics.median(durs))
 
 
 def test_data_loading_matches_a_hand_count(ingested: Callable[[str], Path], shared_traces: Path) -> None:
@@ -226,7 +229,7 @@ def test_idle_that_data_loading_explains_is_the_data_loading_finding(ingested: C
     assert "the GPU idles" in finding.message and finding.evidence["gpu_host_wait_ns_median"] > 20e6
     host = host_breakdown(open_store(ingested(RESNET)), "t").to_pylist()
     loading = sorted(r["data_loading_ns"] for r in host)
-    assert finding.time_at_stake_ns == loading[(len(loading) - 1) // 2]  # the lower median, ns per step
+    assert finding.time_at_stake_ns == round(median(loading))  # ns per step
 
 
 def test_data_loading_rule(ingested: Callable[[str], Path]) -> None:

@@ -7,15 +7,15 @@ private in-memory DuckDB, instead of repeating the expensive part once per frame
 
 from __future__ import annotations
 
-import duckdb
 import pyarrow as pa
+
+from stepscope.store.catalog import connect
 
 
 def local_sql(query: str, params: dict[str, object] | None = None, **tables: pa.Table) -> pa.Table:
     """Run ``query`` with each keyword's Arrow table visible under its name."""
-    con = duckdb.connect(":memory:")
+    con = connect()  # the tool's thread and memory limits, as on the store's own connection
     try:
-        con.execute("SET threads TO 2")
         for name, table in tables.items():
             con.register(name, table)
         return con.sql(query, params=params).to_arrow_table()

@@ -39,12 +39,14 @@ from stepscope.analysis._local import local_sql
 from stepscope.analysis._sql import rank_filter, sql_list
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
-from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ms, ranks_phrase, rule
+from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ranks_phrase, rule
 from stepscope.analysis.matching import POINT_TO_POINT, clock_offsets, collective_ctes, collective_rows
 from stepscope.analysis.overlap import COMPUTE_KERNELS_SQL, hidden_ctes
 from stepscope.analysis.parts import COMMUNICATION_OPS, COMPUTE, COMPUTE_OPS, HOST
 from stepscope.analysis.phase import gpu_phase_ctes
+from stepscope.analysis.quantiles import median, median_sql
 from stepscope.analysis.sections import SQLStore, section
+from stepscope.render.units import duration
 
 SIZE_BUCKETS: tuple[tuple[int, str], ...] = (
     (0, "<64KiB"),
@@ -364,7 +366,7 @@ SELECT any_value(run) AS run, pg_name, any_value(pg_desc) AS pg_desc, collective
        max(last_start_ns - first_start_ns) AS max_start_skew_ns,
        avg(max_dur_ns - min_dur_ns) AS mean_dur_spread_ns,
        sum(wait_ns)::BIGINT AS wait_ns, max(max_wait_ns) AS max_wait_ns,
-       median(bytes * busbw_factor / nullif(min_dur_ns, 0)) AS median_busbw_gbps
+       {median_sql("bytes * busbw_factor / nullif(min_dur_ns, 0)")} AS median_busbw_gbps
 FROM inst WHERE valid AND inst_id IN (SELECT inst_id FROM rows WHERE {_wanted(wanted)})
 GROUP BY pg_name, collective
 ORDER BY pg_name, collective
@@ -418,8 +420,8 @@ def rank_compute(store: SQLStore, run: str, ranks: Sequence[int] | None = None) 
         [("step", "count"), (column, "mean"), ("dur_ns", "mean")]
     ).sort_by("rank")
     mean_compute = per_rank.column(f"{column}_mean")
-    median = pc.quantile(mean_compute, q=0.5)[0].as_py() if len(per_rank) else None
-    excess = pc.multiply(pc.subtract(pc.divide(mean_compute, median), 1.0), 100.0) if median else None
+    middle = median(mean_compute.to_pylist()) if len(per_rank) else None
+    excess = pc.multiply(pc.subtract(pc.divide(mean_compute, middle), 1.0), 100.0) if middle else None
     return pa.table({
         "run": pa.array([run] * len(per_rank), pa.string()),
         "rank": per_rank.column("rank"),
@@ -520,11 +522,11 @@ def exposed_rule(results: Results) -> Iterator[Finding]:
         yield Finding(
             Severity.WARNING,
             "comm.exposed",
-            f"{ranks_phrase(ranks)}: {collectives} {where} transfers exposed for {ms(per_step)} per step "
+            f"{ranks_phrase(ranks)}: {collectives} {where} transfers exposed for {duration(per_step)} per step "
             f"({worst['exposed_transfer_pct_of_steps']:.0f}% of the step, process group {pg_desc or pg_name or 'unknown'}; "
             f"{worst['hidden_pct']:.0f}% of it hidden under compute): overlap with "
             f"{phase if named else 'compute'} is poor"
-            + (f" (another {ms(waited)} per step is waiting for peers: see comm.late_rank)" if waited >= MIN_STAKE_NS
+            + (f" (another {duration(waited)} per step is waiting for peers: see comm.late_rank)" if waited >= MIN_STAKE_NS
                else "")
             + ("; no peer's trace matched these collectives, so part of this may be waiting for a peer, not "
                "transfer" if not any(r["matched"] for r in rows) else ""),

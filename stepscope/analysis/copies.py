@@ -26,9 +26,11 @@ from stepscope.analysis._local import local_sql
 from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
-from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ms, ranks_phrase, rule
+from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ranks_phrase, rule
+from stepscope.analysis.quantiles import quantile_sql
 from stepscope.analysis.overlap import hidden_ctes
 from stepscope.analysis.sections import SQLStore, section
+from stepscope.render.units import duration
 
 LINK_PEAKS: tuple[tuple[str, str, float], ...] = (
     (r"GH200|GB200|GB300|Grace", "NVLink-C2C", 450.0),
@@ -150,13 +152,13 @@ g AS (
          sum(exposed_ns)::BIGINT AS exposed_ns,
          100.0 * sum(hidden_ns) / nullif(sum(dur_ns), 0) AS hidden_pct,
          sum(bytes) / nullif(sum(dur_ns), 0) AS bandwidth_gbps,
-         quantile_cont(bandwidth_gbps, 0.1) AS p10_bandwidth_gbps,
-         quantile_cont(bandwidth_gbps, 0.5) AS p50_bandwidth_gbps,
-         quantile_cont(bandwidth_gbps, 0.9) AS p90_bandwidth_gbps,
+         {quantile_sql('bandwidth_gbps', 0.1)} AS p10_bandwidth_gbps,
+         {quantile_sql('bandwidth_gbps', 0.5)} AS p50_bandwidth_gbps,
+         {quantile_sql('bandwidth_gbps', 0.9)} AS p90_bandwidth_gbps,
          max(bandwidth_gbps) AS max_bandwidth_gbps,
          any_value(link) AS link, any_value(peak_gbps) AS peak_gbps,
          100.0 * sum(bytes) / nullif(sum(dur_ns), 0) / any_value(peak_gbps) AS pct_of_peak,
-         100.0 * quantile_cont(bandwidth_gbps, 0.5) / any_value(peak_gbps) AS p50_pct_of_peak,
+         100.0 * {quantile_sql('bandwidth_gbps', 0.5)} / any_value(peak_gbps) AS p50_pct_of_peak,
          any_value(peak_absent_reason) AS peak_absent_reason
   FROM bw
   GROUP BY ALL
@@ -246,7 +248,7 @@ def exposed_rule(results: Results) -> Iterator[Finding]:
         yield Finding(
             Severity.WARNING,
             "copies.exposed",
-            f"{ranks_phrase(ranks)}: {direction.upper()} copies exposed for {ms(worst['per_step'])} per step "
+            f"{ranks_phrase(ranks)}: {direction.upper()} copies exposed for {duration(worst['per_step'])} per step "
             f"({worst['pct']:.0f}% of the step; {worst['bytes'] / 1e9:.2f} GB, "
             f"{100 * (1 - worst['exposed_ns'] / worst['dur_ns']):.0f}% hidden under compute): "
             f"{_EXPOSED_ADVICE[direction]}",
@@ -282,7 +284,7 @@ def pageable_rule(results: Results) -> Iterator[Finding]:
         ranks = tuple(sorted(r["rank"] for r in rows))
         what = "H2D copies from" if direction == "h2d" else "D2H copies to"
         peak = f" ({worst['pct_of_peak']:.0f}% of {worst['link']})" if worst["pct_of_peak"] is not None else ""
-        cost = f", {ms(worst['per_step'])} per step" if worst["per_step"] is not None else ""
+        cost = f", {duration(worst['per_step'])} per step" if worst["per_step"] is not None else ""
         yield Finding(
             Severity.WARNING,
             "copies.pageable",

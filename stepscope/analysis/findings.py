@@ -98,12 +98,6 @@ def ranks_phrase(ranks: Iterable[int]) -> str:
     return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(parts)
 
 
-def ms(ns: float) -> str:
-    """A duration for a finding's message: ``7.62 ms`` (two decimals below 10 ms, one above)."""
-    value = ns / 1e6
-    return f"{value:,.2f} ms" if abs(value) < 10 else f"{value:,.1f} ms"
-
-
 RuleFunc = Callable[[Results], Iterable[Finding]]
 
 

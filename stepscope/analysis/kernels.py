@@ -13,6 +13,7 @@ from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.breakdown import GPU_KINDS_SQL, gpu_cte, window_ctes
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.parts import SYNC_WAIT
+from stepscope.analysis.quantiles import median_sql, quantile_sql
 from stepscope.analysis.sections import SQLStore
 
 
@@ -154,7 +155,8 @@ def launch_overhead(store: SQLStore, run: str, ranks: Sequence[int] | None = Non
     (summed durations of the GPU work they launched), ``launch_to_gpu_ratio``
     (launch_ns / launched_gpu_ns: above 1 the host spends longer launching than the GPU
     computing), ``short_launches`` (launches whose GPU work took less time than the call),
-    ``median_launch_delay_ns`` (GPU start - launch-call start, lower median).
+    ``median_launch_delay_ns`` (GPU start - launch-call start, the median of
+    :mod:`stepscope.analysis.quantiles`).
     """
     rf, extra = rank_filter(ranks)
     query = f"""
@@ -175,7 +177,7 @@ def launch_overhead(store: SQLStore, run: str, ranks: Sequence[int] | None = Non
            sum(gpu_ns)::BIGINT AS launched_gpu_ns,
            CASE WHEN sum(gpu_ns) > 0 THEN sum(dur_ns) / sum(gpu_ns) END AS launch_to_gpu_ratio,
            count(*) FILTER (WHERE gpu_ns < dur_ns) AS short_launches,
-           quantile_disc(gpu_start - ts_ns, 0.5) AS median_launch_delay_ns
+           {median_sql("gpu_start - ts_ns")} AS median_launch_delay_ns
     FROM _launch GROUP BY rank ORDER BY rank
     """
     return store.sql(query, {"run": run, **extra})
@@ -188,7 +190,8 @@ def step_stats(store: SQLStore, run: str, ranks: Sequence[int] | None = None) ->
     ``source`` is ``profiler_steps`` (ProfilerStep CPU windows, ``steps`` table) or
     ``step_times`` (every step the collector timed, ``wall_ns``). Columns: ``run, rank, source,
     steps, min_ns, median_ns, p90_ns, max_ns, mean_ns, spread_pct`` (100 * (max - min) /
-    median). Quantiles are discrete (an observed step time: DuckDB ``quantile_disc``).
+    median). Median and p90 follow :mod:`stepscope.analysis.quantiles` (linear interpolation: an
+    even count's median is the mean of the two middle steps).
     """
     rf, extra = rank_filter(ranks)
     query = f"""
@@ -198,9 +201,9 @@ def step_stats(store: SQLStore, run: str, ranks: Sequence[int] | None = None) ->
         SELECT rank, 'step_times', wall_ns FROM step_times WHERE run = $run AND {rf}
     )
     SELECT $run AS run, rank, source, count(*) AS steps, min(d) AS min_ns,
-           quantile_disc(d, 0.5) AS median_ns, quantile_disc(d, 0.9) AS p90_ns, max(d) AS max_ns,
+           {median_sql("d")} AS median_ns, {quantile_sql("d", 0.9)} AS p90_ns, max(d) AS max_ns,
            avg(d) AS mean_ns,
-           100.0 * (max(d) - min(d)) / quantile_disc(d, 0.5) AS spread_pct
+           100.0 * (max(d) - min(d)) / {median_sql("d")} AS spread_pct
     FROM _d GROUP BY rank, source ORDER BY rank, source
     """
     return store.sql(query, {"run": run, **extra})

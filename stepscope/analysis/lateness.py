@@ -40,7 +40,7 @@ import pyarrow as pa
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.breakdown import parts_over, step_windows
 from stepscope.analysis.cache import cached_frame
-from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ms, ranks_phrase, rule
+from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ranks_phrase, rule
 from stepscope.analysis.matching import POINT_TO_POINT
 from stepscope.analysis.parts import (
     COMM_TRANSFER,
@@ -65,6 +65,7 @@ from stepscope.analysis.parts import (
     Part,
 )
 from stepscope.analysis.sections import SQLStore, section
+from stepscope.render.units import duration
 
 CAUSE_OF_PART: dict[Part, str] = {
     COMPUTE: "compute",
@@ -271,13 +272,22 @@ def _where(row: dict[str, Any], late: str) -> str:
     """Where the lateness came from, in words."""
     if row["origin"] == "before_window":
         if row["first_step"]:
-            return (f"{late} entered the step already {ms(row['entry_gap_ns'])} behind: the lateness comes from "
+            return (f"{late} entered the step already {duration(row['entry_gap_ns'])} behind: the lateness comes from "
                     f"before the profiled window (profile one more step to see it)")
-        return f"{late} entered step {row['step']} already {ms(row['entry_gap_ns'])} behind (carried over from step " \
+        return f"{late} entered step {row['step']} already {duration(row['entry_gap_ns'])} behind (carried over from step " \
                f"{row['step'] - 1})"
     part = next(p for b in (GPU, HOST) for p in b.leaves() if p.name == row["cause_part"])
-    return (f"inside the step: before it, {late} spent {ms(row['cause_excess_ns'])} more than its peers "
+    return (f"inside the step: before it, {late} spent {duration(row['cause_excess_ns'])} more than its peers "
             f"{CAUSE_PHRASE[row['cause']]} ({part.label})")
+
+
+def _range(low: float, high: float) -> str:
+    """``30.1-32.2 ms``, ``950 us to 1.20 ms``, or one duration when both ends read the same."""
+    a, b = duration(low), duration(high)
+    if a == b:
+        return a
+    (va, ua), (vb, ub) = a.split(" "), b.split(" ")
+    return f"{va}-{b}" if ua == ub else f"{a} to {b}"
 
 
 def _recurs(steps: int, profiled: int) -> bool:
@@ -310,11 +320,10 @@ def late_rank_rule(results: Results) -> Iterator[Finding]:
             f"{len(steps)} of {result.profiled_steps} steps (worst: step {worst['step']})"
         what = f"the {worst['collective'] or 'collective'}" if worst["instances"] == 1 else \
             f"{worst['instances']} collectives ({worst['collective'] or 'collective'} and others)"
-        spread = ms(worst["max_wait_ns"]) if worst["min_wait_ns"] == worst["max_wait_ns"] else \
-            f"{ms(worst['min_wait_ns']).removesuffix(' ms')}-{ms(worst['max_wait_ns'])}"
+        spread = _range(worst["min_wait_ns"], worst["max_wait_ns"])
         message = (
             f"{late_text} arrived late at {what} in {when}: {ranks_phrase(worst['waiting_ranks'])} waited "
-            f"{spread} for {'them' if len(late) > 1 else 'it'} ({ms(worst['caused_wait_ns'])} in all, "
+            f"{spread} for {'them' if len(late) > 1 else 'it'} ({duration(worst['caused_wait_ns'])} in all, "
             f"{100 * worst['caused_wait_ns'] / worst['waiting_step_ns']:.0f}% of their step time); "
             + _where(worst, late_text))
         if partial:

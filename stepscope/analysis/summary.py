@@ -22,10 +22,12 @@ from stepscope.analysis.breakdown import (
     rank_totals,
     step_breakdown,
 )
-from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, evaluate, ms, ranks_phrase, rule
+from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, evaluate, ranks_phrase, rule
 from stepscope.analysis.kernels import launch_overhead, step_stats, top_cpu_ops, top_kernels
 from stepscope.analysis.parts import DATA_LOADING, GPU, HOST, IDLE, IDLE_HOST_WAIT, IDLE_KERNEL_WAIT, IDLE_OTHER, Part
+from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore, compute_sections, section
+from stepscope.render.units import duration
 
 SUMMARY_VERSION = 1
 """Bumped when a key of the summary JSON changes meaning or disappears (adding keys does not)."""
@@ -234,11 +236,6 @@ _IDLE_CAUSE_ADVICE = {
 """Advice per idle sub-part (cause); the evidence names a cause without the ``idle_`` prefix."""
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[(len(ordered) - 1) // 2]
-
-
 def _data_loading(ranks: RanksResult) -> dict[int, tuple[float, float]]:
     """Ranks whose data loading is a finding: rank -> (median share of the step in %, median ns
     per step). The median step spends 10% or more, and 1 ms or more, in the DataLoader."""
@@ -247,7 +244,7 @@ def _data_loading(ranks: RanksResult) -> dict[int, tuple[float, float]]:
         shares = [100 * r[DATA_LOADING.column] / r["dur_ns"] for r in rows if r["dur_ns"] > 0]
         if not shares:
             continue
-        share, per_step = _median(shares), _median([r[DATA_LOADING.column] for r in rows])
+        share, per_step = median(shares), median([r[DATA_LOADING.column] for r in rows])
         if share >= DATA_LOADING_WARNING_PCT and per_step >= MIN_STAKE_NS:
             out[rank] = (share, per_step)
     return out
@@ -284,7 +281,7 @@ def gpu_idle(results: Results) -> Iterator[Finding]:
         ranks_tuple = tuple(r["rank"] for r in rows)
         beyond = " beyond what data loading explains" if worst["explained"] else ""
         message = (f"{ranks_phrase(ranks_tuple)}: GPU idle {worst['share']:.0f}% of the step{beyond} "
-                   f"({ms(worst['per_step'])} per step; worst: rank {worst['rank']}, step {worst['worst_step']} at "
+                   f"({duration(worst['per_step'])} per step; worst: rank {worst['rank']}, step {worst['worst_step']} at "
                    f"{worst['worst_pct']:.0f}%), {_IDLE_CAUSE_ADVICE[cause]}")
         yield Finding(
             Severity.CRITICAL if worst["share"] >= IDLE_CRITICAL_PCT else Severity.WARNING,
@@ -312,13 +309,13 @@ def host_data_loading(results: Results) -> Iterator[Finding]:
         return
     rank, (share, per_step) = max(loading.items(), key=lambda kv: kv[1][1])
     gpu = _by_rank(ranks.breakdown).get(rank, [])
-    host_wait = _median([r[IDLE_HOST_WAIT.column] for r in gpu]) if gpu else None
-    idle = f"; the GPU idles {ms(host_wait)} per step waiting for the host" if host_wait else ""
+    host_wait = median([r[IDLE_HOST_WAIT.column] for r in gpu]) if gpu else None
+    idle = f"; the GPU idles {duration(host_wait)} per step waiting for the host" if host_wait else ""
     ranks_tuple = tuple(loading)
     yield Finding(
         Severity.WARNING,
         "host.data_loading",
-        f"{ranks_phrase(ranks_tuple)}: data loading takes {share:.0f}% of each step ({ms(per_step)} per step, "
+        f"{ranks_phrase(ranks_tuple)}: data loading takes {share:.0f}% of each step ({duration(per_step)} per step, "
         f"median{'; worst: rank ' + str(rank) if len(loading) > 1 else ''}{idle}): "
         "use DataLoader workers, pinned memory and prefetching",
         {"ranks": list(ranks_tuple), "rank": rank, "data_loading_pct_median": round(share, 2),
@@ -355,8 +352,8 @@ def steps_unstable(results: Results) -> Iterator[Finding]:
             Severity.WARNING,
             "steps.unstable",
             f"{ranks_phrase(ranks_tuple)}: step time varies by {worst['spread_pct']:.0f}% "
-            f"(rank {worst['rank']}: median {ms(worst['median_ns'])}, min {ms(worst['min_ns'])}, "
-            f"max {ms(worst['max_ns'])} over {worst['steps']} {source}; {ms(worst['excess'])} per step above the "
+            f"(rank {worst['rank']}: median {duration(worst['median_ns'])}, min {duration(worst['min_ns'])}, "
+            f"max {duration(worst['max_ns'])} over {worst['steps']} {source}; {duration(worst['excess'])} per step above the "
             "median): profile steady-state steps, look for stalls or recompilation",
             {"ranks": list(ranks_tuple), "rank": worst["rank"], "source": source, "steps": worst["steps"],
              "spread_pct": round(worst["spread_pct"], 2), "median_ns": worst["median_ns"],

@@ -46,7 +46,7 @@ class TraceHandler:
     ) -> None:
         if convert not in CONVERT_MODES:
             raise UsageError(f"convert must be one of {', '.join(CONVERT_MODES)}, not {convert!r}")
-        self.policy = FaultPolicy(strict)
+        self.policy = FaultPolicy(strict, store=Path(store))
         self.writer = BackgroundWriter(self.policy)
         self.flush_timeout_s = flush_timeout_s
         self._store = Path(store)
@@ -84,6 +84,7 @@ class TraceHandler:
             self.sink = StoreSink(self._store, agree_run_name(self._run), info.rank,
                                   info.rank_from, run_metadata(info), self._tags,
                                   self._trace_dir, self._convert)
+            self.sink.start()
         return self.sink
 
     def note_gradients(self, step: int) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from stepscope.errors import TraceFormatError
+from stepscope.store.files import read_regular_file
 from stepscope.store.schema import MEMORY_SNAPSHOT
 
 log = logging.getLogger("stepscope.collector")
@@ -36,59 +37,90 @@ class SnapshotUnpickler(pickle.Unpickler):
 
 
 def load_snapshot(path: str | Path) -> dict[str, Any]:
-    """Read a snapshot pickle safely; a refused or broken file is a ``TraceFormatError``."""
-    data = Path(path).read_bytes()
+    """Read a snapshot pickle safely. Any file that is not a readable snapshot, whatever goes
+    wrong in the unpickler (a refused global, a truncated stream, an opcode applied to the wrong
+    object, a length that exhausts memory), is a ``TraceFormatError``; nothing in it runs."""
+    try:
+        data = read_regular_file(Path(path))
+    except OSError as exc:
+        raise TraceFormatError(path, f"cannot read file ({exc.strerror or exc})") from exc
     try:
         snapshot = SnapshotUnpickler(io.BytesIO(data)).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
-        raise TraceFormatError(path, f"not a readable memory snapshot ({exc})") from exc
+    except MemoryError as exc:
+        raise TraceFormatError(path, "not a readable memory snapshot (a length in it exhausts memory)") from exc
+    except Exception as exc:  # noqa: BLE001 - malformed pickles raise almost any type
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise TraceFormatError(path, f"not a readable memory snapshot ({detail})") from exc
     if not isinstance(snapshot, dict) or "segments" not in snapshot:
         raise TraceFormatError(path, "not a memory snapshot (no 'segments' key)")
     return snapshot
 
 
-def snapshot_table(snapshot: dict[str, Any], source: str) -> pa.Table:
+def _list_of_dicts(value: Any, what: str, origin: str) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise TraceFormatError(origin, f"not a memory snapshot ({what} is not a list of objects)")
+    return value
+
+
+def snapshot_table(snapshot: dict[str, Any], source: str, origin: str = "memory snapshot") -> pa.Table:
     """Segments, blocks and alloc/free history of ``snapshot`` as a ``memory_snapshot`` table.
 
     One row per segment (``record='segment'``), per block (``'block'``, ``state`` set) and per
     history entry (``'trace'``, ``action`` and ``ts_ns`` set). ``frames`` is the allocation stack
-    as JSON ``[[filename, line, name], ...]``, innermost first, as recorded.
+    as JSON ``[[filename, line, name], ...]``, innermost first, as recorded. A malformed snapshot
+    (wrong shapes, values of the wrong type or out of range) raises ``TraceFormatError`` naming
+    ``origin``, and only that.
     """
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("segments"), list):
+        raise TraceFormatError(origin, "not a memory snapshot (no list of 'segments')")
+    try:
+        return _table(snapshot, source, origin)
+    except (TypeError, ValueError, OverflowError, RecursionError, pa.ArrowException) as exc:
+        raise TraceFormatError(origin, f"not a memory snapshot ({type(exc).__name__}: {exc})") from exc
+
+
+def _table(snapshot: dict[str, Any], source: str, origin: str) -> pa.Table:
     cols: dict[str, list[Any]] = {name: [] for name in MEMORY_SNAPSHOT.names}
 
     def add(**row: Any) -> None:
         for name in cols:
             cols[name].append(row.get(name))
 
-    for seg in snapshot.get("segments", []):
+    for seg in _list_of_dicts(snapshot["segments"], "segments", origin):
         seg_addr = seg.get("address")
         add(record="segment", device=seg.get("device"), addr=seg_addr,
             bytes=seg.get("total_size"), requested_bytes=seg.get("requested_size"),
             stream=seg.get("stream"), segment_addr=seg_addr,
-            segment_type=seg.get("segment_type"), frames=_frames(seg.get("frames")))
-        for block in seg.get("blocks", []):
+            segment_type=seg.get("segment_type"), frames=_frames(seg.get("frames"), origin))
+        for block in _list_of_dicts(seg.get("blocks"), "a segment's blocks", origin):
             add(record="block", device=seg.get("device"), state=block.get("state"),
                 addr=block.get("address"), bytes=block.get("size"),
                 requested_bytes=block.get("requested_size"), stream=seg.get("stream"),
                 segment_addr=seg_addr, segment_type=seg.get("segment_type"),
-                frames=_frames(block.get("frames")))
-    for device, entries in enumerate(snapshot.get("device_traces", [])):
-        for entry in entries:
+                frames=_frames(block.get("frames"), origin))
+    traces = snapshot.get("device_traces") or []
+    if not isinstance(traces, list):
+        raise TraceFormatError(origin, "not a memory snapshot (device_traces is not a list)")
+    for device, entries in enumerate(traces):
+        for entry in _list_of_dicts(entries, "a device trace", origin):
             time_us = entry.get("time_us")
             add(record="trace", device=device, action=entry.get("action"),
                 ts_ns=None if time_us is None else int(time_us) * 1000, addr=entry.get("addr"),
                 bytes=entry.get("size"), stream=entry.get("stream"),
-                frames=_frames(entry.get("frames")))
+                frames=_frames(entry.get("frames"), origin))
     cols["source"] = [source] * len(cols["record"])
     arrays = [pa.array(cols[f.name], type=f.type.value_type if pa.types.is_dictionary(f.type)
                        else f.type) for f in MEMORY_SNAPSHOT]
     return pa.Table.from_arrays(arrays, names=MEMORY_SNAPSHOT.names).cast(MEMORY_SNAPSHOT)
 
 
-def _frames(frames: list[dict[str, Any]] | None) -> str | None:
+def _frames(frames: Any, origin: str) -> str | None:
     if not frames:
         return None
-    return json.dumps([[f.get("filename"), f.get("line"), f.get("name")] for f in frames])
+    return json.dumps([[f.get("filename"), f.get("line"), f.get("name")]
+                       for f in _list_of_dicts(frames, "frames", origin)], default=str)
 
 
 class SnapshotRecorder:

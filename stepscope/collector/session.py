@@ -7,7 +7,6 @@ Everything it does is guarded by the fault policy: when stepscope fails, the loo
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from types import TracebackType
@@ -22,6 +21,7 @@ from stepscope.collector.faults import FaultPolicy
 from stepscope.collector.options import PROFILING, RECORDING, Recording, Schedule, profiler_kwargs
 from stepscope.collector.step_timer import StepTimer
 from stepscope.collector.worker import DEFAULT_FLUSH_TIMEOUT_S
+from stepscope.store import trace_metadata
 
 log = logging.getLogger("stepscope.collector")
 
@@ -104,8 +104,9 @@ class Profile:
                                           on_trace_ready=self.handler)
             # The exported file describes itself too (versions, host, run, tags), for when it is
             # shared or ingested on its own; the store gets the same through ``metadata``.
-            prof.preset_metadata_json("stepscope", json.dumps(
-                {**sink.metadata, "run_name": sink.run_name, "tags": sink.tags}, default=str))
+            # Encoded: Kineto turns every backslash into a slash (see store.trace_metadata).
+            prof.preset_metadata_json(trace_metadata.KEY, trace_metadata.encode(
+                {**sink.metadata, "run_name": sink.run_name, "tags": sink.tags}))
             prof.__enter__()
             self._torch = prof
         self.timer.begin()

@@ -11,7 +11,6 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from stepscope.collector import convert_job
+from stepscope.collector import convert_job, exports
 from stepscope.store.writer import run_id, write_partition
 
 CONVERT_MODES = ("process", "thread")
@@ -37,7 +36,7 @@ class StoreSink:
     exported Kineto JSON files there (``rank<r>.pt.trace.json.gz``, then
     ``rank<r>.cycle<k>.pt.trace.json.gz`` for later cycles of a repeating schedule); otherwise
     they are exported to a temporary folder inside the store (same filesystem, so a full disk
-    shows up as what it is) and removed once ingested.
+    shows up as what it is; see ``exports``) and removed once ingested.
     """
 
     store: Path
@@ -67,9 +66,14 @@ class StoreSink:
         if self.trace_dir is not None:
             self.trace_dir.mkdir(parents=True, exist_ok=True)
             return self._convert(export, self.trace_dir / self.trace_name(cycle))
-        self.store.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".stepscope-export-", dir=self.store) as tmp:
-            return self._convert(export, Path(tmp) / self.trace_name(cycle))
+        with exports.export_folder(self.store) as tmp:
+            return self._convert(export, tmp / self.trace_name(cycle))
+
+    def start(self) -> None:
+        """Before the first trace: remove export folders that dead processes left in the store,
+        and have SIGTERM remove this process's own."""
+        exports.remove_stale(self.store)
+        exports.clean_up_on_sigterm()
 
     def store_table(self, table: str, source: str, data: pa.Table) -> Path:
         """Write one of the collector's tables as the part of trace ``source``."""
@@ -94,9 +98,7 @@ class StoreSink:
         finally:
             plain.unlink(missing_ok=True)
         if done.returncode != 0:
-            lines = done.stderr.strip().splitlines()
-            raise RuntimeError(f"converting {target.name} failed: "
-                               f"{lines[-1] if lines else f'exit status {done.returncode}'}")
+            convert_job.raise_failure(done.stdout, done.stderr, done.returncode, target.name)
         return str(json.loads(done.stdout)["source"])
 
 

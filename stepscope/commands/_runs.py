@@ -57,13 +57,14 @@ def resolve(spec: str, store: Path | None, stack: contextlib.ExitStack) -> RunRe
 
 
 def _ingest(path: Path, stack: contextlib.ExitStack) -> RunRef:
-    from stepscope.store.ingest import default_run_name, find_trace_files, ingest_paths
+    from stepscope.store.files import select_trace_files
+    from stepscope.store.ingest import default_run_name, ingest_paths
 
-    files = find_trace_files([path])
+    files = select_trace_files([path]).files
     if not files:
         raise UsageError(f"{path}: no trace files (*.json, *.json.gz) here")
     tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="stepscope-compare-")))
-    report = ingest_paths(files, tmp, default_run_name(files))
+    report = ingest_paths([path], tmp, default_run_name(files))
     if report.errors:
         raise TraceFormatError(path, "unreadable trace: " + "; ".join(report.errors))
     return RunRef(tmp, report.run, str(path))

@@ -30,10 +30,9 @@ FROM breakdown GROUP BY run, rank ORDER BY run, rank
 def time_by_category(store: Store, run: str) -> pa.Table | None:
     """Per rank, the run's steps split into disjoint parts (ms): the GPU breakdown when the
     trace has GPU work, else the host breakdown. Every number comes from the analysis layer."""
-    import duckdb
-
     from stepscope.analysis import is_absent
     from stepscope.analysis.breakdown import host_breakdown, step_breakdown
+    from stepscope.store.catalog import connect
 
     breakdown = step_breakdown(store, run)
     if is_absent(breakdown):
@@ -43,7 +42,7 @@ def time_by_category(store: Store, run: str) -> pa.Table | None:
     columns = ["dur_ns", *(c for c in breakdown.column_names if c.endswith("_ns")
                            and c not in ("dur_ns", "start_ns", "end_ns"))]
     parts = ", ".join(f"round(sum({c}) / 1e6, 3) AS {c.removesuffix('_ns')}_ms" for c in columns)
-    con = duckdb.connect()
+    con = connect()
     con.register("breakdown", breakdown)
     return con.sql(BREAKDOWN_PER_RANK.format(parts=parts)).to_arrow_table()
 

@@ -30,26 +30,31 @@ def _tags(pairs: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepscope.store.ingest import IngestedTrace, find_trace_files, ingest_paths
+    from stepscope.store.ingest import IngestedTrace, ingest_paths
 
-    files = find_trace_files(args.paths)
     bar = None
-    if not args.quiet and sys.stderr.isatty() and len(files) > 1:
-        from tqdm import tqdm
 
-        bar = tqdm(total=len(files), unit="file", desc="ingest", file=sys.stderr)
+    def selected(files: list[Path]) -> None:
+        nonlocal bar
+        if not args.quiet and sys.stderr.isatty() and len(files) > 1:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(files), unit="file", desc="ingest", file=sys.stderr)
 
     def done(outcome: IngestedTrace | str) -> None:
+        if isinstance(outcome, str):
+            (bar.write if bar is not None else print)(outcome, file=sys.stderr)
+            return
         if bar is not None:
             bar.update(1)
-        if isinstance(outcome, str):
-            print(outcome, file=sys.stderr)
-        elif not args.quiet:
-            verb = "already stored, skipped" if outcome.skipped else f"{outcome.events:,} events"
+        if not args.quiet:
+            verb = (f"same trace as {outcome.same_as}, already stored, skipped" if outcome.same_as
+                    else "already stored, skipped" if outcome.skipped else f"{outcome.events:,} events")
             line = f"{outcome.path}: run {outcome.run} rank {outcome.rank} (rank from {outcome.rank_from}): {verb}"
             (bar.write if bar is not None else print)(line)
 
-    report = ingest_paths(files, args.store, args.run, tags=_tags(args.tag), on_done=done)
+    report = ingest_paths(args.paths, args.store, args.run, tags=_tags(args.tag),
+                          on_selected=selected, on_done=done)
     if bar is not None:
         bar.close()
     if not args.quiet:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stepscope.errors import UsageError
+from stepscope.render.table import Table, terminal_width, to_markdown, to_terminal
 
 if TYPE_CHECKING:
     from stepscope.analysis.parts import Breakdown
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "markdown":
         print(render_markdown(doc))
     else:
-        print(render_table(doc))
+        print(render_table(doc, terminal_width()))
     return 0
 
 
@@ -175,31 +176,17 @@ def blocks(doc: dict[str, Any]) -> Iterator[Block]:
            [[f["severity"], f["rule"], f["message"]] for f in findings] or [["-", "-", "no findings"]])
 
 
-def _text_table(cols: list[str], rows: list[list[str]], width: int = 70) -> list[str]:
-    rows = [[c[:width] for c in row] for row in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(cols)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    return [line(cols), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+def tables(doc: dict[str, Any]) -> list[Table]:
+    """The whole summary as tables of the one table model, in document order; findings last."""
+    return [Table.of_text(title, cols, rows) for title, cols, rows in blocks(doc)]
 
 
-def render_table(doc: dict[str, Any]) -> str:
+def render_table(doc: dict[str, Any], width: int | None = None) -> str:
     """Plain-text rendering for the terminal."""
-    out = [f"run {doc['run']}"]
-    for title, cols, rows in blocks(doc):
-        out += ["", title, *_text_table(cols, rows)]
-    return "\n".join(out)
-
-
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return f"run {doc['run']}\n\n" + to_terminal(tables(doc), width)
 
 
 def render_markdown(doc: dict[str, Any]) -> str:
     """Markdown rendering (for CI comments and reports)."""
-    out = [f"# stepscope summary: run `{doc['run']}`"]
-    for title, cols, rows in blocks(doc):
-        out += ["", f"## {_md_escape(title)}", "",
-                "| " + " | ".join(_md_escape(c) for c in cols) + " |",
-                "|" + "|".join("---" for _ in cols) + "|"]
-        out += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows]
-    return "\n".join(out)
+    out = [f"# stepscope summary: run `{doc['run']}`", ""] + [to_markdown(t, level=2) for t in tables(doc)]
+    return "\n".join(out).rstrip()

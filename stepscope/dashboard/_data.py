@@ -35,15 +35,23 @@ class StoreProblem(Exception):
 
 
 @st.cache_resource(show_spinner=False)
-def _open(root: str, read_only_sql: bool) -> Store:
+def _open(root: str) -> Store:
     from stepscope.store import open_store
 
-    return open_store(root, read_only_sql=read_only_sql)
+    return open_store(root)
 
 
-def store_for(root: str, *, read_only_sql: bool = False) -> Store:
-    """The shared, cached ``Store`` of ``root`` (one DuckDB connection per mode per server)."""
-    return _open(root, read_only_sql)
+def store_for(root: str) -> Store:
+    """The shared, cached ``Store`` of ``root`` (one DuckDB connection per server)."""
+    return _open(root)
+
+
+def sql_sandbox(root: str) -> Store:
+    """A fresh sandboxed ``Store`` for one user query (close it after): the sandbox may read
+    only the Parquet parts that exist when it opens, so it is not cached across ingests."""
+    from stepscope.store import open_store
+
+    return open_store(root, read_only_sql=True)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

@@ -1,7 +1,8 @@
 """Rendering helpers shared by the pages: absence notes, unit columns, tables, Altair defaults.
 
 Unit conversion (ns -> ms, bytes -> GiB) is presentation: the values are the analysis layer's,
-divided by a constant so that axes read in ms, GB/s and GiB.
+divided by a constant so that axes read in ms, GB/s and GiB. The constants are
+:mod:`stepscope.render.units`' (the one place units are defined), re-exported for the pages.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ import pyarrow as pa
 import streamlit as st
 
 from stepscope.analysis.absent import Absent
+from stepscope.render.units import GIB, NS_PER_MS
 
-NS_PER_MS = 1e6
-GIB = 1024**3
-MB = 1e6
+__all__ = ["GIB", "NS_PER_MS", "bar_width", "chart", "data_table", "frame", "ns_to_ms", "shown", "with_units"]
 
 
 def shown(value: Any, what: str = "") -> bool:

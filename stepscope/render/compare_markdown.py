@@ -5,23 +5,8 @@ from __future__ import annotations
 from stepscope.analysis.compare.comparison import Comparison
 from stepscope.analysis.compare.gate import Verdict
 from stepscope.render.compare_json import to_json
-from stepscope.render.compare_tables import Table, headline, run_line, tables
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _table(t: Table) -> list[str]:
-    out = [f"### {t.title}", ""]
-    if t.note:
-        out += [f"_{t.note}_", ""]
-    if t.rows:
-        out.append("| " + " | ".join(t.header) + " |")
-        out.append("|" + "|".join("---" for _ in t.header) + "|")
-        out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in t.rows]
-        out.append("")
-    return out
+from stepscope.render.compare_tables import headline, run_line, tables
+from stepscope.render.table import md_escape, to_markdown
 
 
 def render_markdown(comparison: Comparison, verdict: Verdict) -> str:
@@ -30,11 +15,10 @@ def render_markdown(comparison: Comparison, verdict: Verdict) -> str:
     lines = [f"## stepscope compare: {headline(doc)}", "",
              f"- baseline {run_line(doc['baseline'])}", f"- candidate {run_line(doc['candidate'])}", ""]
     if doc["verdict"]["reasons"]:
-        lines += ["**Why:**", ""] + [f"- {_cell(r)}" for r in doc["verdict"]["reasons"]] + [""]
+        lines += ["**Why:**", ""] + [f"- {md_escape(r)}" for r in doc["verdict"]["reasons"]] + [""]
     if doc["findings"]:
-        lines += ["### Findings", ""] + [f"- **{f['severity']}** {_cell(f['message'])}" for f in doc["findings"]] + [""]
+        lines += ["### Findings", ""] + [f"- **{f['severity']}** {md_escape(f['message'])}" for f in doc["findings"]] + [""]
     else:
         lines += ["No notable change.", ""]
-    for t in tables(doc):
-        lines += _table(t)
+    lines += [to_markdown(t) for t in tables(doc)]
     return "\n".join(lines).rstrip() + "\n"

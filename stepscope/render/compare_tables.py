@@ -1,12 +1,13 @@
-"""The comparison as titled tables of strings, built once from the JSON contract and laid out
-by the terminal and Markdown renderers (so both show the same rows with the same figures)."""
+"""The comparison as titled tables (:class:`stepscope.render.table.Table`), built once from the
+JSON contract and laid out by the terminal, Markdown and HTML renderers (so all show the same
+rows with the same figures)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from stepscope.analysis.compare.comparison import format_value
+from stepscope.render.table import Table
+from stepscope.render.units import format_delta, format_value, signed_percent
 
 TOP_NAMED = 10
 """Kernels, collectives and copies shown: the largest moves first."""
@@ -14,30 +15,8 @@ TOP_NAMED = 10
 NAME_WIDTH = 90
 
 
-@dataclass(frozen=True)
-class Table:
-    title: str
-    note: str | None
-    header: list[str]
-    rows: list[list[str]]
-
-
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:+.1f}%"
-
-
-def _p(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2g}"
-
-
 def _short(name: str) -> str:
     return name if len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 3] + "..."
-
-
-def _delta(value: float | None, unit: str) -> str:
-    if value is None:
-        return "n/a"
-    return ("+" if value > 0 else "") + format_value(value, unit) if value else "0"
 
 
 def headline(doc: dict[str, Any]) -> str:
@@ -59,8 +38,8 @@ def budget_table(doc: dict[str, Any]) -> Table:
     for b in doc["budgets"]:
         result = b["status"].upper() if judged else "not judged"
         rows.append([b["budget"], format_value(b["baseline"], b["unit"]), format_value(b["candidate"], b["unit"]),
-                     _pct(b["delta_pct"]), b["decided_by"], result])
-    return Table("Budgets", None, ["budget", "baseline", "candidate", "change", "decided by", "result"], rows)
+                     signed_percent(b["delta_pct"]), b["decided_by"], result])
+    return Table.of_text("Budgets", ["budget", "baseline", "candidate", "change", "decided by", "result"], rows)
 
 
 def metric_table(doc: dict[str, Any]) -> Table:
@@ -74,29 +53,28 @@ def metric_table(doc: dict[str, Any]) -> Table:
             return (f"{format_value(s['median'], m['unit'])} "
                     f"[{format_value(s['p25'], m['unit'])}-{format_value(s['p75'], m['unit'])}]")
         worse = m["p_increase"] if (m["delta"] or 0) >= 0 else m["p_decrease"]
-        rows.append([m["label"], side(m["baseline"]), side(m["candidate"]), _delta(m["delta"], m["unit"]),
-                     _pct(m["delta_pct"]), _p(worse)])
+        rows.append([m["label"], side(m["baseline"]), side(m["candidate"]), format_delta(m["delta"], m["unit"]),
+                     signed_percent(m["delta_pct"]), format_value(worse, "p")])
     note = (f"median per step over ranks and steps [p25-p75]; peak memory: the highest step peak. "
             f"Step time from {doc['step_time_source']}. p: one-sided Mann-Whitney U in the direction "
             f"of the change (alpha {doc['alpha']:g}).")
-    return Table("Step breakdown", note, ["metric", "baseline", "candidate", "delta", "change", "p"], rows)
+    return Table.of_text("Step breakdown", ["metric", "baseline", "candidate", "delta", "change", "p"], rows, note)
 
 
 def _named_rows(items: list[dict[str, Any]], unit: str) -> list[list[str]]:
     moved = [i for i in items if i["status"] != "same"]
     moved.sort(key=lambda i: (-abs((i["candidate"] or 0) - (i["baseline"] or 0)), i["name"]))
     return [[_short(i["name"]), i["status"], format_value(i["baseline"], unit), format_value(i["candidate"], unit),
-             _pct(i["delta_pct"])] for i in moved[:TOP_NAMED]]
+             signed_percent(i["delta_pct"])] for i in moved[:TOP_NAMED]]
 
 
 def named_table(doc: dict[str, Any], key: str, title: str, unit: str, what: str) -> Table:
     items = doc[key]
     header = [what, "status", "baseline", "candidate", "change"]
     if items is None:
-        return Table(title, doc.get("absent_reasons", {}).get(key, "not available"), header, [])
+        return Table.of_text(title, header, [], doc.get("absent_reasons", {}).get(key, "not available"))
     rows = _named_rows(items, unit)
-    note = None if rows else "no differences"
-    return Table(title, note, header, rows)
+    return Table.of_text(title, header, rows, None if rows else "no differences")
 
 
 def comparability_table(doc: dict[str, Any]) -> Table:
@@ -111,7 +89,7 @@ def comparability_table(doc: dict[str, Any]) -> Table:
 
     rows = [[c["check"], {True: "ok", False: "DIFFERS", None: "not checked"}[c["ok"]], show(c["baseline"]),
              show(c["candidate"])] for c in doc["comparability"]["checks"]]
-    return Table("Comparability", None, ["check", "result", "baseline", "candidate"], rows)
+    return Table.of_text("Comparability", ["check", "result", "baseline", "candidate"], rows)
 
 
 def tables(doc: dict[str, Any]) -> list[Table]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from stepscope.analysis.parts import Part
 from stepscope.errors import UsageError
-from stepscope.render.compare_tables import Table
+from stepscope.render.table import Table, to_html
 
 
 def javascript_bundle() -> str:
@@ -58,13 +58,6 @@ def comparison_chart(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     return chart.to_dict()
 
 
-def _table(t: Table) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in t.header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in t.rows)
-    note = f"<p class=note>{html.escape(t.note)}</p>" if t.note else ""
-    return f"<h3>{html.escape(t.title)}</h3>{note}" + (f"<table><tr>{head}</tr>{body}</table>" if t.rows else "")
-
-
 def render_report(title: str, overview: list[str], findings: list[dict[str, Any]],
                   charts: list[dict[str, Any]], tables: list[Table], bundle: str) -> str:
     """The page. ``charts`` are Vega-Lite specs, embedded with the inlined ``bundle``."""
@@ -75,13 +68,14 @@ def render_report(title: str, overview: list[str], findings: list[dict[str, Any]
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left}}.note{{color:#555;font-size:13px}}</style>
+td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left}}.num{{text-align:right}}
+.note{{color:#555;font-size:13px}}</style>
 <script type="text/javascript">{bundle}</script></head>
 <body><h1>{html.escape(title)}</h1>
 <h2>Overview</h2><ul>{"".join(f"<li>{html.escape(line)}</li>" for line in overview)}</ul>
 <h2>Findings</h2>{f"<ul>{items}</ul>" if items else "<p>No findings.</p>"}
 {divs}
-{"".join(_table(t) for t in tables)}
+{"".join(to_html(t) for t in tables)}
 <script type="text/javascript">{embeds}</script>
 </body></html>
 """

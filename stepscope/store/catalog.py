@@ -7,6 +7,12 @@ exists) and the schema-version check.
 
 from __future__ import annotations
 
+import atexit
+import itertools
+import os
+import secrets
+import shutil
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,6 +25,38 @@ from stepscope.store import schema
 
 READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
 
+MEMORY_LIMIT_ENV = "STEPSCOPE_MEMORY_LIMIT"
+DEFAULT_MEMORY_LIMIT = "50%"
+"""DuckDB's own default is 80% of RAM: a cross join in the SQL console reached 11.6 GB in 30 s.
+Half of RAM leaves room for the training job, the dashboard server or the ingest beside it."""
+
+THREADS = 2
+
+_SPILL_ROOT = Path(tempfile.gettempdir()) / f"stepscope-duckdb-{os.getpid()}-{secrets.token_hex(4)}"
+_spill_numbers = itertools.count()
+atexit.register(shutil.rmtree, _SPILL_ROOT, ignore_errors=True)
+
+
+def resolve_memory_limit(override: str | None = None) -> str:
+    """The memory limit for DuckDB: ``override``, else ``$STEPSCOPE_MEMORY_LIMIT``, else 50%
+    (of RAM; DuckDB also accepts sizes such as ``8GB``)."""
+    return override or os.environ.get(MEMORY_LIMIT_ENV) or DEFAULT_MEMORY_LIMIT
+
+
+def connect(*, limit: str | None = None, spill: bool = True) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with the tool's limits; every connection stepscope opens
+    comes from here. ``spill=False`` turns spilling to disk off (the SQL sandbox: its temporary
+    folder would otherwise be readable through it); else each connection spills into a private
+    folder of this process's own under the system's temporary directory, never ``./.tmp``."""
+    chosen = resolve_memory_limit(limit)
+    spill_to = str(_SPILL_ROOT / str(next(_spill_numbers))) if spill else ""
+    try:
+        return duckdb.connect(":memory:", config={"threads": THREADS, "memory_limit": chosen,
+                                                  "temp_directory": spill_to})
+    except duckdb.Error as exc:
+        raise UsageError(f"memory limit {chosen!r} (--memory-limit or ${MEMORY_LIMIT_ENV}): "
+                         f"not a size such as 8GB or 40% ({exc})") from exc
+
 _HIVE = "hive_partitioning = true, hive_types = {'run': VARCHAR, 'rank': INTEGER}, union_by_name = true"
 
 
@@ -30,6 +68,10 @@ def _glob(root: Path, table: str) -> str:
     return _sql_string(str(root / table / "**" / "*.parquet"))
 
 
+def _sql_list(paths: list[str]) -> str:
+    return "[" + ", ".join(_sql_string(p) for p in paths) + "]"
+
+
 class Store:
     """A store folder opened for queries.
 
@@ -37,20 +79,27 @@ class Store:
     run). Queries take parameters (``$name`` or ``?``); user input is never formatted into SQL.
     """
 
-    def __init__(self, root: Path | str, *, read_only_sql: bool = False) -> None:
+    def __init__(self, root: Path | str, *, read_only_sql: bool = False,
+                 memory_limit: str | None = None) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise StoreError(f"{self.root}: no such store (run `stepscope ingest ... --store {self.root}` first)")
         self._lock = threading.Lock()
-        self._con = duckdb.connect(":memory:")
-        self._con.execute("SET threads TO 2")
+        self.memory_limit = resolve_memory_limit(memory_limit)
+        self._con = connect(limit=self.memory_limit, spill=not read_only_sql)
         self._check_version()
+        # The sandbox may read exactly the Parquet files the store holds now, so its views list
+        # them; the trusted views glob, and see parts committed later too.
+        self._parts = {t: self._part_files(t) for t in schema.TABLES} if read_only_sql else None
         self._create_views()
-        if read_only_sql:
-            self._lock_down()
+        if self._parts is not None:
+            self._lock_down(self._parts)
 
     def _files_exist(self, table: str) -> bool:
         return any((self.root / table).glob("run=*/rank=*/*.parquet"))
+
+    def _part_files(self, table: str) -> list[str]:
+        return sorted(str(p.resolve()) for p in (self.root / table).glob("**/*.parquet"))
 
     def _check_version(self) -> None:
         if not self._files_exist("sources"):
@@ -76,7 +125,9 @@ class Store:
         con = self._con
         for table in schema.TABLES.values():
             name = table.name
-            if self._files_exist(name):
+            if self._parts is not None and self._parts[name]:
+                base = f"read_parquet({_sql_list(self._parts[name])}, {_HIVE})"
+            elif self._parts is None and self._files_exist(name):
                 base = f"read_parquet({_glob(self.root, name)}, {_HIVE})"
             else:
                 self._empty_relation(table)
@@ -107,10 +158,11 @@ class Store:
             """
         )
 
-    def _lock_down(self) -> None:
-        """No file access outside the store, no extensions, settings frozen."""
-        root = str(self.root.resolve())
-        self._con.execute(f"SET allowed_directories = [{_sql_string(root)}]")
+    def _lock_down(self, parts: dict[str, list[str]]) -> None:
+        """No file access but to the store's Parquet parts (not its other files, not a writer's
+        temporary part, not DuckDB's temporary folder), no extensions, settings frozen."""
+        allowed = [path for table in parts.values() for path in table]
+        self._con.execute(f"SET allowed_paths = {_sql_list(allowed)}")
         self._con.execute("SET enable_external_access = false")
         self._con.execute("SET autoinstall_known_extensions = false")
         self._con.execute("SET autoload_known_extensions = false")
@@ -133,11 +185,34 @@ class Store:
         return self.sql(query, params).to_pandas()
 
     def read_only_query(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None,
-                        *, max_rows: int | None = None) -> tuple[pa.Table, bool]:
+                        *, max_rows: int | None = None, timeout_s: float | None = None
+                        ) -> tuple[pa.Table, bool]:
         """Run user SQL that may only read: one SELECT/EXPLAIN statement.
 
-        Returns the rows (at most ``max_rows``) and whether more were cut off.
+        Returns the rows (at most ``max_rows``) and whether more were cut off. A query still
+        running after ``timeout_s`` is interrupted and raises ``UsageError`` saying so.
         """
+        if not timeout_s:
+            return self._read_only_query(query, params, max_rows)
+        fired = threading.Event()
+
+        def stop() -> None:
+            fired.set()
+            self.interrupt()
+
+        timer = threading.Timer(timeout_s, stop)
+        timer.start()
+        try:
+            return self._read_only_query(query, params, max_rows)
+        except UsageError as exc:
+            if fired.is_set():
+                raise UsageError(f"query stopped after the {timeout_s:g} s limit") from exc
+            raise
+        finally:
+            timer.cancel()
+
+    def _read_only_query(self, query: str, params: Sequence[Any] | dict[str, Any] | None,
+                         max_rows: int | None) -> tuple[pa.Table, bool]:
         try:
             statements = self._con.extract_statements(query)
         except duckdb.Error as exc:
@@ -153,6 +228,9 @@ class Store:
                     return result.to_arrow_table(), False
                 reader = result.to_arrow_reader(max_rows + 1)
                 rows = pa.Table.from_batches(list(_take(reader, max_rows + 1)), reader.schema)
+            except duckdb.OutOfMemoryException as exc:
+                raise UsageError(f"SQL error: {' '.join(str(exc).split())} (the memory limit is "
+                                 f"{self.memory_limit}: --memory-limit or ${MEMORY_LIMIT_ENV})") from exc
             except duckdb.Error as exc:
                 raise UsageError(f"SQL error: {exc}") from exc
         return rows.slice(0, max_rows), rows.num_rows > max_rows
@@ -181,6 +259,9 @@ def _take(reader: pa.RecordBatchReader, limit: int):
         yield batch
 
 
-def open_store(path: Path | str, *, read_only_sql: bool = False) -> Store:
-    """Open a store folder for queries. Raises ``StoreError`` when it is missing or too new."""
-    return Store(path, read_only_sql=read_only_sql)
+def open_store(path: Path | str, *, read_only_sql: bool = False, memory_limit: str | None = None) -> Store:
+    """Open a store folder for queries. Raises ``StoreError`` when it is missing or too new.
+
+    ``memory_limit`` (a DuckDB size, ``8GB``, or a share of RAM, ``40%``) overrides
+    ``$STEPSCOPE_MEMORY_LIMIT`` and the default, half of RAM."""
+    return Store(path, read_only_sql=read_only_sql, memory_limit=memory_limit)

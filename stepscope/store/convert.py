@@ -6,6 +6,7 @@ statement per event per column: this is the part of ingest that is ours to make 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from decimal import Decimal
@@ -18,6 +19,7 @@ import pyarrow.compute as pc
 
 from stepscope.errors import TraceFormatError
 from stepscope.store import schema
+from stepscope.store.schema import INT64_MAX, INT64_MIN, out_of_range
 from stepscope.store.classify import classify, dtype_bytes, normalise_collective
 from stepscope.store.kineto import ARGS_DECODER, EventArgs, ExactTimeEvent, RawTrace
 
@@ -25,7 +27,6 @@ STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 STEP_KINDS = frozenset({"user_annotation", "cpu_op"})
 GPU_SIDE_KINDS = frozenset({"kernel", "memcpy", "memset", "gpu_annotation"})
 LAUNCH_KINDS = frozenset({"cuda_runtime", "cuda_driver"})
-INT64_MAX = 2**63 - 1
 
 _EMPTY_ARGS = EventArgs()
 _NO_ARGS = msgspec.Raw()
@@ -77,12 +78,18 @@ def _int_array(values: Sequence[Any], path: str, column: str) -> pa.Array:
     try:
         return pa.array(values, pa.int64())
     except (OverflowError, pa.ArrowInvalid) as exc:
-        bad = next((v for v in values if isinstance(v, int) and not -INT64_MAX - 1 <= v <= INT64_MAX), None)
-        raise TraceFormatError(
-            path, f"value {bad} in '{column}' is outside the int64 range the store can hold"
-        ) from exc
+        bad = next((v for v in values if isinstance(v, int) and not INT64_MIN <= v <= INT64_MAX), None)
+        raise TraceFormatError(path, out_of_range(f"'{column}' value", bad)) from exc
     except (TypeError, pa.ArrowTypeError) as exc:
         raise TraceFormatError(path, f"non-integer value in '{column}' ({exc})") from exc
+
+
+class OutOfRange(ValueError):
+    """A time that int64 nanoseconds cannot hold; ``index`` is the first such event."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.index = index
 
 
 def _microseconds_to_ns(values: Sequence[int | float | Decimal | None], base_ns: int,
@@ -91,23 +98,63 @@ def _microseconds_to_ns(values: Sequence[int | float | Decimal | None], base_ns:
 
     Epoch microseconds (~1.7e15) times 1000 exceed float64's exact range, so the whole and the
     fractional microseconds are converted separately. Exact decimals (see ``ExactTimeEvent``)
-    are converted exactly. Nulls become 0 in the values and True in the mask.
+    are converted exactly. Nulls become 0 in the values and True in the mask. A value whose ns
+    (plus ``base_ns``) int64 cannot hold raises ``OutOfRange``: a float cast to int64 out of range
+    gives 0 or wraps round, and either would be stored as if it were a time.
     """
     if exact:
         null = np.fromiter((v is None for v in values), bool, len(values))
-        ns = np.array([0 if v is None else int((Decimal(v) * 1000).to_integral_value()) for v in values],
-                      dtype=np.int64)
-        return ns + base_ns, null
+        exact_ns = [0 if v is None else int((Decimal(v) * 1000).to_integral_value()) + base_ns for v in values]
+        bad = next((i for i, v in enumerate(exact_ns) if not INT64_MIN <= v <= INT64_MAX), None)
+        if bad is not None:
+            raise OutOfRange(bad)
+        return np.array(exact_ns, dtype=np.int64), null
     # np.array over a list comprehension: pa.array() on a list mixing ints and floats takes the
     # slow per-object path (0.9 s against 0.04 s for 216k values).
-    us = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    try:
+        us = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    except OverflowError:  # an integer beyond float64 (more than ~308 digits)
+        raise OutOfRange(next(i for i, v in enumerate(values) if v is not None and abs(v) > 1e300)) from None
     null = np.isnan(us)
+    # One microsecond of margin keeps the rounding below from crossing the limits.
+    lowest, highest = (INT64_MIN - base_ns) / 1000 + 1, (INT64_MAX - base_ns) / 1000 - 1
+    with np.errstate(invalid="ignore"):
+        outside = ~null & ~((us >= lowest) & (us <= highest))
+    if outside.any():
+        raise OutOfRange(int(np.flatnonzero(outside)[0]))
     whole = np.floor(us)
     frac_ns = np.rint((us - whole) * 1000.0)
     with np.errstate(invalid="ignore"):
         out = np.where(null, 0, whole).astype(np.int64) * 1000
         out += np.where(null, 0, frac_ns).astype(np.int64)
     return out + base_ns, null
+
+
+def _times(events: Sequence[Any], names: list[str], path: str, base_ns: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``ts_ns, ts_null, dur_ns, dur_null`` of every event, or a ``TraceFormatError`` naming the
+    first event whose time is out of range or whose duration is negative."""
+    def refused(column: str, index: int) -> TraceFormatError:
+        value = getattr(events[index], column)
+        return TraceFormatError(path, f"event {index} ({names[index]!r}): " + out_of_range(
+            f"'{column}'", value, "nanoseconds, about +-292 years"))
+
+    exact = bool(events) and isinstance(events[0], ExactTimeEvent)
+    try:
+        ts_ns, ts_null = _microseconds_to_ns([e.ts for e in events], base_ns, exact=exact)
+    except OutOfRange as exc:
+        raise refused("ts", exc.index) from None
+    try:
+        dur_ns, dur_null = _microseconds_to_ns([e.dur for e in events], 0)
+    except OutOfRange as exc:
+        raise refused("dur", exc.index) from None
+    if (dur_ns[~dur_null] < 0).any():
+        first = int(np.flatnonzero((dur_ns < 0) & ~dur_null)[0])
+        raise TraceFormatError(path, f"event {first} ({names[first]!r}) has a negative duration")
+    ends_beyond = ~ts_null & ~dur_null & (ts_ns > INT64_MAX - dur_ns)
+    if ends_beyond.any():
+        raise refused("dur", int(np.flatnonzero(ends_beyond)[0]))
+    return ts_ns, ts_null, dur_ns, dur_null
 
 
 def _member_mask(encoded: pa.DictionaryArray, members: frozenset[str]) -> np.ndarray:
@@ -151,7 +198,7 @@ def _element_count(dims_raw: msgspec.Raw) -> int | None:
     for shape in tensors:
         if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
             return None
-        total += int(np.prod(shape, dtype=np.int64)) if shape else 1
+        total += math.prod(shape)  # exact: an int64 product would wrap round silently
     return total
 
 
@@ -304,14 +351,7 @@ def convert(trace: RawTrace, source: str, progress: Callable[[int], None] | None
     if progress:
         progress(n // 2)
 
-    ts_raw = [e.ts for e in events]
-    dur_raw = [e.dur for e in events]
-    ts_ns, ts_null = _microseconds_to_ns(ts_raw, trace.base_time_ns,
-                                         exact=bool(events) and isinstance(events[0], ExactTimeEvent))
-    dur_ns, dur_null = _microseconds_to_ns(dur_raw, 0)
-    if (dur_ns[~dur_null] < 0).any():
-        first = int(np.flatnonzero((dur_ns < 0) & ~dur_null)[0])
-        raise TraceFormatError(path, f"event {first} ({names[first]!r}) has a negative duration")
+    ts_ns, ts_null, dur_ns, dur_null = _times(events, names, path, trace.base_time_ns)
 
     correlation = [a.correlation for a in args]
     step_ids, starts, ends, step_names = _steps(kinds, names, ts_ns, dur_ns, dur_null, phs)

@@ -20,6 +20,9 @@ from typing import Any, Union
 import msgspec
 
 from stepscope.errors import TraceFormatError
+from stepscope.store.dedupe import content_sha256
+from stepscope.store.files import NotRegularFile, read_regular_file
+from stepscope.store.schema import INT64_MAX, out_of_range
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -90,6 +93,8 @@ class RawTrace:
 
     path: str
     sha256: str
+    content_sha256: str
+    """Hash of the JSON text with whitespace outside strings removed (``dedupe.content_sha256``)."""
     file_bytes: int
     events: list[TraceEvent]
     base_time_ns: int
@@ -120,7 +125,9 @@ def _gunzip(data: bytes) -> bytes:
 def read_bytes(path: Path) -> tuple[bytes, str, int]:
     """The file's JSON text, the sha256 of its bytes on disk, and its size on disk."""
     try:
-        data = path.read_bytes()
+        data = read_regular_file(path)
+    except NotRegularFile as exc:
+        raise TraceFormatError(path, str(exc)) from exc
     except OSError as exc:
         raise TraceFormatError(path, f"cannot read file ({exc.strerror or exc})") from exc
     digest = hashlib.sha256(data).hexdigest()
@@ -160,6 +167,15 @@ def decode(path: str | Path) -> RawTrace:
     path = Path(path)
     text, digest, size = read_bytes(path)
     try:
+        return _decode_text(path, text, digest, size)
+    except RecursionError as exc:
+        # The decoder recurses per nesting level, up to Python's recursion limit (~1000); no
+        # Kineto trace nests more than a few levels.
+        raise TraceFormatError(path, "JSON nested too deeply (more than ~1000 levels)") from exc
+
+
+def _decode_text(path: Path, text: bytes, digest: str, size: int) -> RawTrace:
+    try:
         top = _TOP_KEYS.decode(text)
     except msgspec.DecodeError as exc:
         raise TraceFormatError(path, _not_kineto_reason(text) if "Expected `object`" in str(exc)
@@ -167,6 +183,7 @@ def decode(path: str | Path) -> RawTrace:
     raw_events = top.get("traceEvents")
     if raw_events is None:
         raise TraceFormatError(path, _not_kineto_reason(text))
+    content = content_sha256(text)  # before the events exist: its buffer adds nothing to the peak
     try:
         events = _EVENTS.decode(raw_events)
     except msgspec.ValidationError as exc:
@@ -177,14 +194,17 @@ def decode(path: str | Path) -> RawTrace:
         events = _EXACT_EVENTS.decode(raw_events)
     meta = {key: _ANY.decode(value) for key, value in top.items() if key != "traceEvents"}
     base = meta.pop("baseTimeNanoseconds", 0)
-    if not isinstance(base, int) or base < 0:
+    if not isinstance(base, int) or isinstance(base, bool) or base < 0:
         raise TraceFormatError(path, f"baseTimeNanoseconds is not a non-negative integer: {base!r}")
+    if base > INT64_MAX:
+        raise TraceFormatError(path, out_of_range("baseTimeNanoseconds", base, "nanoseconds"))
     devices = meta.pop("deviceProperties", None) or meta.pop("computeProperties", None) or []
     dist = meta.pop("distributedInfo", None) or {}
     schema = meta.pop("schemaVersion", None)
     return RawTrace(
         path=str(path),
         sha256=digest,
+        content_sha256=content,
         file_bytes=size,
         events=events,
         base_time_ns=base,

@@ -22,6 +22,19 @@ TABLE_KEY = b"stepscope.table"
 
 PARTITION_COLUMNS = ("run", "rank")
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""The range of every integer column: a number outside it is refused ("out of range"), never
+stored as 0 or wrapped round."""
+
+
+def out_of_range(what: str, value: object, unit: str = "") -> str:
+    """The one wording of that refusal: ``<what> <value> is out of range (...)``, the value cut
+    short when it has hundreds of digits."""
+    text = str(value)
+    if len(text) > 32:
+        text = f"{text[:12]}...({len(text)} characters)"
+    return f"{what} {text} is out of range (the store holds int64{' ' + unit if unit else ''})"
+
 KINDS = (
     "cpu_op",
     "python_function",
@@ -119,6 +132,7 @@ SOURCES = pa.schema(
         pa.field("run_name", pa.string(), nullable=False),
         pa.field("path", pa.string()),
         pa.field("sha256", pa.string(), nullable=False),
+        pa.field("content_sha256", pa.string()),
         pa.field("file_bytes", pa.int64()),
         pa.field("ingested_at", pa.timestamp("us", tz="UTC"), nullable=False),
         pa.field("rank_from", pa.string(), nullable=False),

@@ -1,14 +1,20 @@
 """Atomic Parquet writes into the Hive-partitioned store.
 
-A part is written to ``<name>.parquet.tmp`` (which the ``*.parquet`` globs never match), flushed
-to disk, and renamed into place, so a reader sees either the whole file or nothing, and a crash
-or Ctrl-C leaves at most a stray ``.tmp`` that the next write of the same part replaces.
+A part is written to a temporary name of its own, ``<name>.parquet.<pid>.<random>.tmp`` (which
+the ``*.parquet`` globs never match), flushed to disk, and renamed into place, so a reader sees
+either the whole file or nothing. The name is unique per writer: two processes writing the same
+part (two ingests of one file, a collector rank and an offline ingest) each rename a complete file
+of their own, and the last rename wins; with one shared temporary name they interleaved their
+bytes in one inode and left a corrupt part. A crash or ``kill -9`` leaves at most a stray
+temporary file, which a later write of the same part removes once it is ``STALE_TMP_S`` old.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,6 +23,11 @@ import pyarrow.parquet as pq
 from stepscope.store import schema
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+TMP_SUFFIX = ".tmp"
+STALE_TMP_S = 3600.0
+"""A temporary part untouched for this long belongs to a writer that died: a live writer keeps
+writing to it (or renames it) within seconds."""
 
 
 def run_id(name: str) -> str:
@@ -34,6 +45,22 @@ def partition_dir(root: Path, table: str, run: str, rank: int) -> Path:
 
 def part_path(root: Path, table: str, run: str, rank: int, source: str) -> Path:
     return partition_dir(root, table, run, rank) / f"part-{source}.parquet"
+
+
+def temporary_path(target: Path) -> Path:
+    """A name beside ``target`` that no other writer (process or thread) uses."""
+    return target.with_name(f"{target.name}.{os.getpid()}.{secrets.token_hex(6)}{TMP_SUFFIX}")
+
+
+def remove_stale_temporaries(target: Path, older_than_s: float = STALE_TMP_S) -> None:
+    """Delete temporary files of ``target`` left by writers that died (untouched for a while)."""
+    cutoff = time.time() - older_than_s
+    for stray in target.parent.glob(f"{target.name}.*{TMP_SUFFIX}"):
+        try:
+            if stray.stat().st_mtime < cutoff:
+                stray.unlink()
+        except OSError:  # another writer removed or renamed it meanwhile
+            pass
 
 
 def _encodings(spec: pa.Schema) -> dict[str, object]:
@@ -54,13 +81,15 @@ def write_partition(root: Path | str, table: str, run: str, rank: int, source: s
     """Write ``data`` as the part of ``table`` that ``source`` contributes to (run, rank).
 
     The table must match the schema in ``stepscope.store.schema``; the file carries
-    ``SCHEMA_VERSION`` in its metadata. Writing the same part again replaces it atomically.
+    ``SCHEMA_VERSION`` in its metadata. Writing the same part again replaces it atomically, also
+    while another process writes it.
     """
     spec = schema.TABLES[table].schema
     data = data.cast(spec).replace_schema_metadata(schema.file_metadata(table))
     target = part_path(Path(root), table, run, int(rank), source)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
+    remove_stale_temporaries(target)
+    tmp = temporary_path(target)
     try:
         with open(tmp, "wb") as handle:
             pq.write_table(data, handle, compression="zstd", compression_level=3,

@@ -95,13 +95,19 @@ def step_structure_check(base: dict[str, float] | Absent, cand: dict[str, float]
 
 
 def comparability(base: RunProfile, cand: RunProfile) -> list[Check]:
-    """Every check, in a fixed order: GPU model, GPU count, world size, process groups, step
-    structure, top kernels."""
+    """Every check, in a fixed order: GPU model, GPU count, world size, stored ranks, process
+    groups, step structure, top kernels.
+
+    The world size is what the traces claim; the stored rank count is what the store holds. They
+    differ for a partly ingested run, or for traces that claim no (or a copied) world size: an
+    8-rank and a 16-rank run whose traces claimed the same world size were judged comparable.
+    """
     b, c = base.facts, cand.facts
     return [
         _equal("gpu_model", "GPU model", list(b.gpu_names) or None, list(c.gpu_names) or None),
         _equal("gpu_count", "GPU count", b.gpu_count, c.gpu_count),
         _equal("world_size", "world size", b.world_size, c.world_size),
+        _equal("ranks", "stored rank count", len(b.ranks), len(c.ranks)),
         _equal("process_groups", "process groups",
                None if b.process_groups is None else list(b.process_groups),
                None if c.process_groups is None else list(c.process_groups)),

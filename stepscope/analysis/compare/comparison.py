@@ -22,6 +22,7 @@ from stepscope.analysis.compare.stats import MannWhitney, Spread, mann_whitney_g
 from stepscope.analysis.findings import Finding, Severity
 from stepscope.analysis.parts import GPU
 from stepscope.analysis.sections import SQLStore
+from stepscope.render.units import format_value, signed_percent
 
 ALPHA = 0.05
 """Significance level of the noise test (one-sided Mann-Whitney U)."""
@@ -217,32 +218,13 @@ def _kernel_findings(kernels: Maybe[list[NamedDelta]], step_ns: float | None) ->
             continue
         what = {"added": "new kernel", "removed": "kernel no longer runs",
                 "changed": "kernel slower" if moved > 0 else "kernel faster"}[k.status]
-        pct = f" ({k.delta_pct:+.1f}%)" if k.delta_pct is not None else ""
+        pct = f" ({signed_percent(k.delta_pct)})" if k.delta_pct is not None else ""
         found.append(Finding(Severity.WARNING if moved > 0 else Severity.INFO, "compare.kernel",
                              f"{what}: {k.key}: {format_value(base, 'ns')} -> {format_value(cand, 'ns')} per step{pct}",
                              {"kernel": k.key, "status": k.status, "baseline_ns_per_step": k.baseline,
                               "candidate_ns_per_step": k.candidate, "delta_pct": k.delta_pct}))
     found.sort(key=lambda f: -abs((f.evidence["candidate_ns_per_step"] or 0) - (f.evidence["baseline_ns_per_step"] or 0)))
     return found
-
-
-def format_value(value: float | None, unit: str) -> str:
-    """A short human figure in the metric's unit (``ns``, ``bytes``, ``gbps``); ``n/a`` for None."""
-    if value is None:
-        return "n/a"
-    if unit == "ns":
-        for scale, suffix in ((1e9, "s"), (1e6, "ms"), (1e3, "us")):
-            if abs(value) >= scale:
-                return f"{value / scale:.3g} {suffix}" if abs(value) < 100 * scale else f"{value / scale:,.0f} {suffix}"
-        return f"{value:.0f} ns"
-    if unit == "bytes":
-        for scale, suffix in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-            if abs(value) >= scale:
-                return f"{value / scale:.3g} {suffix}"
-        return f"{value:.0f} B"
-    if unit == "gbps":
-        return f"{value:.3g} GB/s"
-    return f"{value:.4g}"
 
 
 def compare_profiles(base: RunProfile, cand: RunProfile, *, alpha: float = ALPHA) -> Comparison:

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepscope.analysis.compare.budgets import Budget
-from stepscope.analysis.compare.comparison import Comparison, MetricDelta, format_value
+from stepscope.analysis.compare.comparison import Comparison, MetricDelta
 from stepscope.errors import Inconclusive, StepscopeError
+from stepscope.render.units import format_value, p_value, signed_percent
 
 DECIDED_BY = ("not_available", "threshold", "mann_whitney", "threshold+mann_whitney", "threshold_only")
 
@@ -79,7 +80,7 @@ def _threshold_text(budget: Budget, m: MetricDelta) -> str:
 
 
 def _change_text(m: MetricDelta) -> str:
-    pct = f" ({m.delta_pct:+.1f}%)" if m.delta_pct is not None else ""
+    pct = f" ({signed_percent(m.delta_pct)})" if m.delta_pct is not None else ""
     return (f"{m.label}: {format_value(m.base_value, m.unit)} -> {format_value(m.cand_value, m.unit)}"
             f"{pct}")
 
@@ -103,10 +104,10 @@ def evaluate_budget(comparison: Comparison, budget: Budget) -> BudgetResult:
     if test.p_value < comparison.alpha:
         return BudgetResult(budget, m, "fail", True, test.p_value, "threshold+mann_whitney",
                             f"{_change_text(m)}, over {limit} and beyond the run-to-run spread "
-                            f"(Mann-Whitney p={test.p_value:.2g}, n={test.n_x}/{test.n_y})")
+                            f"(Mann-Whitney p={p_value(test.p_value)}, n={test.n_x}/{test.n_y})")
     return BudgetResult(budget, m, "pass", True, test.p_value, "mann_whitney",
                         f"{_change_text(m)}, over {limit} but within the run-to-run spread "
-                        f"(Mann-Whitney p={test.p_value:.2g} >= {comparison.alpha:g})")
+                        f"(Mann-Whitney p={p_value(test.p_value)} >= {comparison.alpha:g})")
 
 
 def evaluate(comparison: Comparison, budgets: list[Budget]) -> list[BudgetResult]:

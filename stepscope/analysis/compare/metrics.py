@@ -19,7 +19,6 @@ budget off.
 from __future__ import annotations
 
 import json
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ from stepscope.analysis.copies import copy_summary
 from stepscope.analysis.kernels import top_kernels
 from stepscope.analysis.memory import step_peaks
 from stepscope.analysis.parts import GPU
+from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore
 
 STEP_TIMES_SOURCE = "step_times"
@@ -192,7 +192,7 @@ def peak_memory_samples(store: SQLStore, run: str) -> tuple[Maybe[list[float]], 
 
 
 def _median_over_ranks(per_rank: dict[str, list[float]]) -> dict[str, float]:
-    return {key: statistics.median(values) for key, values in per_rank.items() if values}
+    return {key: median(values) for key, values in per_rank.items() if values}
 
 
 TOP_KERNELS = 50
@@ -245,7 +245,7 @@ def collectives_per_step(store: SQLStore, run: str) -> Maybe[dict[str, float]]:
         rank_steps.add((row["rank"], row["step"]))
     if not rank_steps:
         return Absent("no communication kernels inside steps")
-    medians = {kind: statistics.median([by_step.get(rs, 0) for rs in sorted(rank_steps)])
+    medians = {kind: median([by_step.get(rs, 0) for rs in sorted(rank_steps)])
                for kind, by_step in sorted(per.items())}
     # a kind absent from most steps (a kernel whose launch the trace missed) is not the structure
     return {kind: n for kind, n in medians.items() if n > 0}

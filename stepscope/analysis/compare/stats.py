@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from stepscope.analysis.quantiles import median, quantile
+
 EXACT_MAX_N = 50
 """Below this many values per side (and without ties) the p-value is exact, not approximated."""
 
@@ -36,20 +38,11 @@ class Spread:
                 "min": self.min, "max": self.max}
 
 
-def quantile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolation quantile of already sorted values (numpy's default method)."""
-    if not sorted_values:
-        raise ValueError("quantile of no values")
-    pos = (len(sorted_values) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
 def spread(values: Sequence[float]) -> Spread:
-    """Median, quartiles and extremes of ``values`` (at least one)."""
+    """Median, quartiles and extremes of ``values`` (at least one), by the one quantile rule of
+    :mod:`stepscope.analysis.quantiles` (an even count's median is the mean of the middle two)."""
     s = sorted(values)
-    return Spread(len(s), quantile(s, 0.5), quantile(s, 0.25), quantile(s, 0.75), s[0], s[-1])
+    return Spread(len(s), median(s), quantile(s, 0.25), quantile(s, 0.75), s[0], s[-1])
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,18 @@
 """SQL: a read-only console over the store's views, with a row cap and a time limit.
 
-The connection is the store's locked-down one (``read_only_sql=True``): no file access outside
-the store folder, no extensions, settings frozen; ``read_only_query`` accepts one SELECT or
-EXPLAIN statement. A query running past the limit is interrupted.
+Each query opens the store's sandbox afresh (``read_only_sql=True``): only the Parquet parts the
+store holds at that moment are readable, no extensions, settings frozen, DuckDB's memory limit
+(``$STEPSCOPE_MEMORY_LIMIT``, else half of RAM); ``read_only_query`` accepts one SELECT or
+EXPLAIN statement and interrupts it at the time limit.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 
 import streamlit as st
 
-from stepscope.dashboard._data import context, store_for, view_columns
+from stepscope.dashboard._data import context, sql_sandbox, view_columns
 from stepscope.errors import StepscopeError
 
 MAX_ROWS = 10_000
@@ -33,23 +33,16 @@ with st.expander("Views and columns"):
 query = st.text_area("Query", EXAMPLE, height=160, key="sql_query")
 if st.button("Run", type="primary", icon=":material/play_arrow:") or st.session_state.get("sql_ran") == query:
     st.session_state["sql_ran"] = query
-    store = store_for(ctx.root, read_only_sql=True)
     params = {"run": ctx.run} if "$run" in query else None
     limit_s = float(st.session_state.get("sql_time_limit_s", TIME_LIMIT_S))  # tests shorten it
-    timer = threading.Timer(limit_s, store.interrupt)
     started = time.perf_counter()
-    timer.start()
     try:
-        rows, truncated = store.read_only_query(query, params, max_rows=MAX_ROWS)
+        with sql_sandbox(ctx.root) as store:
+            rows, truncated = store.read_only_query(query, params, max_rows=MAX_ROWS, timeout_s=limit_s)
     except StepscopeError as exc:
-        message = str(exc)
-        if "INTERRUPT" in message.upper():
-            message = f"query stopped after the {limit_s:g} s limit"
-        st.error(message, icon=":material/error:")
+        st.error(str(exc), icon=":material/error:")
     else:
         elapsed = time.perf_counter() - started
         note = f" (cut at {MAX_ROWS:,} rows)" if truncated else ""
         st.caption(f"{rows.num_rows:,} rows{note} in {elapsed:.2f} s")
         st.dataframe(rows.to_pandas(), hide_index=True, width="stretch")
-    finally:
-        timer.cancel()

@@ -1,0 +1,48 @@
+"""One formatter per unit, one precision rule (stepscope/render/units.py), checked by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepscope.render import units
+
+
+@pytest.mark.parametrize(("ns", "text"), [
+    (0, "0 ns"), (812, "812 ns"), (999.6, "1.00 us"), (12_345, "12.3 us"), (4_561_000, "4.56 ms"),
+    (100_000_000, "100 ms"), (1e9, "1.00 s"), (1_234e9, "1,230 s"), (-2.5e6, "-2.50 ms"),
+])
+def test_durations_have_three_significant_digits_in_the_largest_unit(ns: float, text: str) -> None:
+    assert units.duration(ns) == text
+    assert units.format_value(ns, "ns") == text
+
+
+@pytest.mark.parametrize(("n", "text"), [
+    (0, "0 B"), (512, "512 B"), (1536, "1.50 KiB"), (16 * 2**20, "16.0 MiB"), (3.2 * 2**30, "3.20 GiB"),
+    (2**40, "1.00 TiB"),
+])
+def test_sizes_are_binary(n: float, text: str) -> None:
+    assert units.size(n) == text
+
+
+def test_bandwidth_percent_p_value_count_number() -> None:
+    assert units.bandwidth(12.345) == "12.3 GB/s"
+    assert units.bandwidth(0.00123) == "0.00123 GB/s"
+    assert units.percent(12.345) == "12.3%"
+    assert units.signed_percent(3) == "+3.0%" and units.signed_percent(None) == "n/a"
+    assert units.p_value(0.01234) == "0.012"
+    assert units.count(1234) == "1,234" and units.count(2.5) == "2.50"
+    assert units.number(1234.5678) == "1,234.568" and units.number(0.000123) == "0.000123"
+    assert units.number(7) == "7"
+
+
+def test_missing_and_signed_values() -> None:
+    assert units.format_value(None, "bytes") == units.MISSING == "n/a"
+    assert units.format_delta(-512, "bytes") == "-512 B"
+    assert units.format_delta(1.2e6, "ns") == "+1.20 ms"
+    assert units.format_delta(0, "ns") == "0"
+
+
+def test_every_unit_the_comparison_uses_has_a_formatter() -> None:
+    from stepscope.analysis.compare.budgets import BUDGET_METRICS
+
+    assert set(BUDGET_METRICS.values()) <= set(units.FORMATTERS)
