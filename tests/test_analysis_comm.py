@@ -179,7 +179,7 @@ def test_exposed_rule_fires_on_poorly_overlapped_trace(ingested, shared_traces: 
     assert found[0].time_at_stake_ns == round(exposed / steps) and found[0].ranks == (1,)
     assert found[0].message.startswith(f"rank 1: all_reduce in backward transfers exposed for "
                                        f"{exposed / steps / 1e6:.1f} ms per step (21% of the step")
-    assert "part of this may be waiting for a peer" in found[0].message
+    assert "matched with another traced rank's, so part of this may be waiting for a peer" in found[0].message
 
 
 def test_exposed_rule_quiet_when_mostly_overlapped_or_small(ingested) -> None:

@@ -104,9 +104,18 @@ def test_cli_prints_every_format(ingested: Callable[[str], Path], capsys: pytest
     assert doc["run"] == "t" and [r["rank"] for r in doc["ranks"]] == [1]
     assert main(["summary", "--store", store, "--run", "t", "--rank", "1", "--format", "markdown"]) == 0
     markdown = capsys.readouterr().out
-    assert markdown.startswith("# stepscope summary: run `t`") and "| step | dur ms |" in markdown
+    assert markdown.startswith("# stepscope summary: run `t`") and "## What bounds the step" in markdown
+    assert "| step | dur ms |" not in markdown  # per-rank tables only when asked for
+    assert main(["summary", "--store", store, "--format", "markdown", "--section", "ranks"]) == 0
+    assert "| step | dur ms |" in capsys.readouterr().out
     assert main(["summary", "--store", store]) == 0
+    screen = capsys.readouterr().out
+    assert screen.startswith("run t: 1 rank traced of 2, nccl, Tesla V100-SXM2-32GB x2\nstep time ")
+    assert "rank 1: GPU time per step" not in screen and "Findings, by time at stake per step" in screen
+    assert main(["summary", "--store", store, "--verbose"]) == 0
     assert "rank 1: GPU time per step" in capsys.readouterr().out
+    assert main(["summary", "--store", store, "--section", "nope"]) == 2
+    assert "--section nope: no such section; sections: ranks, kernels, comm" in capsys.readouterr().err
     assert main(["summary", "--store", store, "--run", "nope"]) == 2
     assert "no run 'nope'" in capsys.readouterr().err
 

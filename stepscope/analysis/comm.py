@@ -528,8 +528,8 @@ def exposed_rule(results: Results) -> Iterator[Finding]:
             f"{phase if named else 'compute'} is poor"
             + (f" (another {duration(waited)} per step is waiting for peers: see comm.late_rank)" if waited >= MIN_STAKE_NS
                else "")
-            + ("; no peer's trace matched these collectives, so part of this may be waiting for a peer, not "
-               "transfer" if not any(r["matched"] for r in rows) else ""),
+            + ("; none of these collectives was matched with another traced rank's, so part of this may be "
+               "waiting for a peer, not transfer" if not any(r["matched"] for r in rows) else ""),
             {"ranks": list(ranks), "pg_name": pg_name, "pg_desc": pg_desc, "phase": phase, "collectives": collectives,
              "exposed_transfer_ns_per_step": round(per_step), "exposed_wait_ns_per_step": round(waited),
              "exposed_transfer_pct_of_steps": worst["exposed_transfer_pct_of_steps"],

@@ -23,8 +23,8 @@ ranks"):
   previous step otherwise). Else ``origin = inside_step``: the parts of each rank's step from
   its start to its arrival (they tile that time, so the differences sum to ``in_step``) say
   which part grew: the leaf whose time exceeds the waiting ranks' median by the most (GPU parts;
-  the host's when the excess is GPU idle time, i.e. the host was late to launch), named by
-  :data:`CAUSE_OF_PART`.
+  when that is GPU idle time, the host part that grew most if it grew by at least half as much:
+  the host was late to launch), named by :data:`CAUSE_OF_PART`.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ CAUSE_OF_PART: dict[Part, str] = {
     MEMCPY_D2D_EXPOSED: "copies",
     MEMCPY_OTHER_EXPOSED: "copies",
     MEMSET_EXPOSED: "copies",
-    **{p: "host" for p in IDLE.sub_parts},
+    **{p: "idle" for p in IDLE.sub_parts},
     DATA_LOADING: "data loading",
     OPTIMIZER: "optimizer",
     SYNC_WAIT: "sync",
@@ -91,7 +91,7 @@ CPU-only run, host compute ops are the compute (:func:`_cause`)."""
 CAUSE_PHRASE = {
     "compute": "computing", "host": "on the host", "data loading": "loading data",
     "sync": "blocked in a device synchronisation", "copies": "copying", "communication": "in earlier communication",
-    "optimizer": "in the optimizer",
+    "optimizer": "in the optimizer", "idle": "with its GPU idle (no host part grew as much)",
 }
 """How a finding's message says each cause."""
 
@@ -216,9 +216,12 @@ def late_arrivals(store: SQLStore, run: str, ranks: Sequence[int] | None = None)
             breakdown = HOST if host_only else GPU
             ranked = _excess(by_rank[breakdown], late, waiting, list(breakdown.leaves()))
             excess, part = ranked[0]
+            cause = "idle" if part in IDLE.sub_parts else _cause(part, host_only)
             if not host_only and part in IDLE.sub_parts:
-                excess, part = _excess(by_rank[HOST], late, waiting, list(HOST.leaves()))[0]
-            cause, cause_part = _cause(part, host_only), part.name
+                host_excess, host_part = _excess(by_rank[HOST], late, waiting, list(HOST.leaves()))[0]
+                if 2 * host_excess >= excess:  # the host was busy longer: it launched late
+                    excess, part, cause = host_excess, host_part, _cause(host_part, host_only)
+            cause_part = part.name
         waits: dict[int, int] = defaultdict(int)
         for inst_id in d.instances:
             for m in instances[inst_id]:
@@ -269,7 +272,8 @@ def late_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Mayb
 
 
 def _where(row: dict[str, Any], late: str) -> str:
-    """Where the lateness came from, in words."""
+    """Where the lateness came from, in words (``late``: the late ranks, as a phrase)."""
+    their = "their" if late.startswith("ranks") else "its"
     if row["origin"] == "before_window":
         if row["first_step"]:
             return (f"{late} entered the step already {duration(row['entry_gap_ns'])} behind: the lateness comes from "
@@ -277,7 +281,7 @@ def _where(row: dict[str, Any], late: str) -> str:
         return f"{late} entered step {row['step']} already {duration(row['entry_gap_ns'])} behind (carried over from step " \
                f"{row['step'] - 1})"
     part = next(p for b in (GPU, HOST) for p in b.leaves() if p.name == row["cause_part"])
-    return (f"inside the step: before it, {late} spent {duration(row['cause_excess_ns'])} more than its peers "
+    return (f"inside the step: before it, {late} spent {duration(row['cause_excess_ns'])} more than {their} peers "
             f"{CAUSE_PHRASE[row['cause']]} ({part.label})")
 
 
@@ -316,8 +320,10 @@ def late_rank_rule(results: Results) -> Iterator[Finding]:
         late_text = ranks_phrase(late)
         partial = worst["traced_ranks"] < (worst["group_size"] or worst["traced_ranks"])
         steps = sorted(r["step"] for r in rows)
-        when = f"step {steps[0]}" if len(steps) == 1 else \
-            f"{len(steps)} of {result.profiled_steps} steps (worst: step {worst['step']})"
+        at = (f"at +{duration(worst['late_arrival_ns'] - result.run_start_ns)} from the run's start, "
+              f"{duration(worst['late_arrival_ns'] - worst['first_arrival_ns'])} after the first rank")
+        when = f"step {steps[0]} ({at})" if len(steps) == 1 else \
+            f"{len(steps)} of {result.profiled_steps} steps (worst: step {worst['step']}, {at})"
         what = f"the {worst['collective'] or 'collective'}" if worst["instances"] == 1 else \
             f"{worst['instances']} collectives ({worst['collective'] or 'collective'} and others)"
         spread = _range(worst["min_wait_ns"], worst["max_wait_ns"])

@@ -295,4 +295,8 @@ HOST = Breakdown(
 )
 """Host (CPU) time of a ProfilerStep over the union of all the rank's threads."""
 
+PEER_WAITS: tuple[Part, ...] = (COMM_WAIT, COMMUNICATION_WAIT)
+"""The sub-parts that are time waiting for peers inside collectives: known only where a rank's
+collectives were matched with another traced rank's (their parts are then split, else whole)."""
+
 BREAKDOWNS: tuple[Breakdown, ...] = (GPU, HOST)

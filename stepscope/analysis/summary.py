@@ -24,9 +24,21 @@ from stepscope.analysis.breakdown import (
 )
 from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, evaluate, ranks_phrase, rule
 from stepscope.analysis.kernels import launch_overhead, step_stats, top_cpu_ops, top_kernels
-from stepscope.analysis.parts import DATA_LOADING, GPU, HOST, IDLE, IDLE_HOST_WAIT, IDLE_KERNEL_WAIT, IDLE_OTHER, Part
+from stepscope.analysis.matching import NO_MATCH, clock_offsets
+from stepscope.analysis.parts import (
+    DATA_LOADING,
+    GPU,
+    HOST,
+    IDLE,
+    IDLE_HOST_WAIT,
+    IDLE_KERNEL_WAIT,
+    IDLE_OTHER,
+    PEER_WAITS,
+    Part,
+)
 from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore, compute_sections, section
+from stepscope.analysis.verdict import verdict
 from stepscope.render.units import duration
 
 SUMMARY_VERSION = 1
@@ -63,6 +75,8 @@ class RanksResult:
     totals: pa.Table
     totals_hta: pa.Table
     stats: pa.Table
+    matched: frozenset[int] = frozenset()
+    """Ranks with a collective matched with another traced rank's: their waits are known."""
 
 
 def _by_rank(table: pa.Table | Absent) -> dict[int, list[dict[str, Any]]]:
@@ -84,6 +98,7 @@ def ranks_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Ran
     """Per rank: every step's GPU and host breakdown, whole-trace totals (HTA definitions) and
     step-time statistics."""
     status = rank_status(store, run)
+    matched = frozenset(r["rank"] for r in clock_offsets(store, run).to_pylist() if r["instances"])
     return RanksResult(
         ranks=tuple(_present_ranks(status, ranks)),
         status=status,
@@ -92,7 +107,20 @@ def ranks_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Ran
         totals=rank_totals(store, run, ranks),
         totals_hta=rank_totals(store, run, ranks, hta_scope=True),
         stats=step_stats(store, run, ranks),
+        matched=matched,
     )
+
+
+def _unknown_waits(item: dict[str, Any]) -> None:
+    """On a rank none of whose collectives was matched, waiting cannot be told from transfer:
+    the wait split of both breakdowns is absent, not a claim of 0 waiting."""
+    for wait in PEER_WAITS:
+        parent = next(p for b in (GPU, HOST) for p in b.parts if wait in p.sub_parts)
+        target = item if parent in GPU.parts else item["host"]
+        if target.get(parent.column) is None:
+            continue
+        for sub in parent.sub_parts:
+            target[sub.column] = Absent(NO_MATCH)
 
 
 def _totals_json(row: dict[str, Any] | None, reason: str | None) -> dict[str, Any]:
@@ -144,6 +172,8 @@ def ranks_json(result: RanksResult) -> list[dict[str, Any]]:
                     item.update({key: Absent(no_gpu or NO_GPU_EVENTS) for key in GPU_STEP_KEYS})
                 item["host"] = {key: host_row[key] for key in HOST_STEP_KEYS}
                 item["host"]["dur_ns"] = host_row["dur_ns"]
+                if rank not in result.matched:
+                    _unknown_waits(item)
                 steps.append(item)
         totals_obj = _totals_json(totals.get(rank), no_gpu)
         totals_obj["hta_scope"] = _totals_json(totals_hta.get(rank), no_gpu)
@@ -210,11 +240,16 @@ def _compute_summary(store: SQLStore, run: str, ranks: Sequence[int] | None) -> 
     from stepscope.analysis.sections import all_sections
 
     results = compute_sections(store, run, ranks)
+    findings = evaluate(results)
+    ranks_result = results["ranks"]
+    assert isinstance(ranks_result, RanksResult)
     doc: dict[str, Any] = {"summary_version": SUMMARY_VERSION, "run": run}
+    doc["verdict"] = verdict(store, run, (ranks_result.breakdown, ranks_result.host), findings,
+                             bool(ranks_result.matched))
     for s in all_sections():
         result = results[s.name]
         doc[s.name] = result if isinstance(result, Absent) else s.to_json(result)
-    doc["findings"] = [f.to_json() for f in evaluate(results)]
+    doc["findings"] = [f.to_json() for f in findings]
     return jsonable(doc)
 
 
@@ -250,6 +285,16 @@ def _data_loading(ranks: RanksResult) -> dict[int, tuple[float, float]]:
     return out
 
 
+def _host_busiest(rows: list[dict[str, Any]], top: int = 2) -> str:
+    """The host parts that take the most of a rank's steps (``optimizer 33%, other 38%``):
+    what the host did while the GPU waited for it."""
+    total = sum(r["dur_ns"] for r in rows)
+    if not total:
+        return ""
+    shares = sorted(((sum(r[p.column] for r in rows) / total, p) for p in HOST.leaves()), key=lambda s: -s[0])
+    return ", ".join(f"{p.label} {100 * share:.0f}%" for share, p in shares[:top] if share >= 0.05)
+
+
 @rule("gpu.idle", needs=("ranks",))
 def gpu_idle(results: Results) -> Iterator[Finding]:
     """The GPU is idle for 30% or more of steps, and 1 ms or more per step, with the dominant HTA
@@ -258,6 +303,7 @@ def gpu_idle(results: Results) -> Iterator[Finding]:
     One finding per dominant cause, over the ranks where it holds."""
     ranks: RanksResult = results["ranks"]  # type: ignore[assignment]
     loading = _data_loading(ranks)
+    host = _by_rank(ranks.host)
     flagged: dict[Part, list[dict[str, Any]]] = {}
     for rank, rows in sorted(_by_rank(ranks.breakdown).items()):
         rows = [r for r in rows if r["dur_ns"] > 0]
@@ -283,6 +329,9 @@ def gpu_idle(results: Results) -> Iterator[Finding]:
         message = (f"{ranks_phrase(ranks_tuple)}: GPU idle {worst['share']:.0f}% of the step{beyond} "
                    f"({duration(worst['per_step'])} per step; worst: rank {worst['rank']}, step {worst['worst_step']} at "
                    f"{worst['worst_pct']:.0f}%), {_IDLE_CAUSE_ADVICE[cause]}")
+        busiest = _host_busiest(host.get(worst["rank"], []))
+        if cause == IDLE_HOST_WAIT and busiest:
+            message += f" (the host's step: {busiest})"
         yield Finding(
             Severity.CRITICAL if worst["share"] >= IDLE_CRITICAL_PCT else Severity.WARNING,
             "gpu.idle",
