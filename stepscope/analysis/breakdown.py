@@ -298,7 +298,8 @@ def _wait_split(breakdown: Breakdown, part: Part, *, host_side: bool) -> Callabl
         GROUP BY s.rank, s.step
     ),
     _split_{part.name} AS (
-        SELECT p.rank, p.step, {_ns("w.len", wait.column)}, {_ns(f"p.{part.column} - coalesce(w.len, 0)", transfer.column)}
+        SELECT p.rank, p.step, {_ns("w.len", wait.column)},
+               {_ns(f"p.{part.column} - coalesce(w.len, 0)", transfer.column)}
         FROM _parts p LEFT JOIN _wait_len w USING (rank, step)
     )"""
 

@@ -523,11 +523,12 @@ def exposed_rule(results: Results) -> Iterator[Finding]:
             Severity.WARNING,
             "comm.exposed",
             f"{ranks_phrase(ranks)}: {collectives} {where} transfers exposed for {duration(per_step)} per step "
-            f"({worst['exposed_transfer_pct_of_steps']:.0f}% of the step, process group {pg_desc or pg_name or 'unknown'}; "
+            f"({worst['exposed_transfer_pct_of_steps']:.0f}% of the step, "
+            f"process group {pg_desc or pg_name or 'unknown'}; "
             f"{worst['hidden_pct']:.0f}% of it hidden under compute): overlap with "
             f"{phase if named else 'compute'} is poor"
-            + (f" (another {duration(waited)} per step is waiting for peers: see comm.late_rank)" if waited >= MIN_STAKE_NS
-               else "")
+            + (f" (another {duration(waited)} per step is waiting for peers: see comm.late_rank)"
+               if waited >= MIN_STAKE_NS else "")
             + ("; none of these collectives was matched with another traced rank's, so part of this may be "
                "waiting for a peer, not transfer" if not any(r["matched"] for r in rows) else ""),
             {"ranks": list(ranks), "pg_name": pg_name, "pg_desc": pg_desc, "phase": phase, "collectives": collectives,

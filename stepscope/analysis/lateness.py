@@ -278,8 +278,8 @@ def _where(row: dict[str, Any], late: str) -> str:
         if row["first_step"]:
             return (f"{late} entered the step already {duration(row['entry_gap_ns'])} behind: the lateness comes from "
                     f"before the profiled window (profile one more step to see it)")
-        return f"{late} entered step {row['step']} already {duration(row['entry_gap_ns'])} behind (carried over from step " \
-               f"{row['step'] - 1})"
+        return (f"{late} entered step {row['step']} already {duration(row['entry_gap_ns'])} behind "
+                f"(carried over from step {row['step'] - 1})")
     part = next(p for b in (GPU, HOST) for p in b.leaves() if p.name == row["cause_part"])
     return (f"inside the step: before it, {late} spent {duration(row['cause_excess_ns'])} more than {their} peers "
             f"{CAUSE_PHRASE[row['cause']]} ({part.label})")

@@ -226,8 +226,8 @@ _c_gap AS (
   SELECT c.*, o.clock_correction_ns, c.ts_ns - o.clock_correction_ns AS aligned_ts_ns,
          c.end_ns - o.clock_correction_ns AS aligned_end_ns,
          c.ts_ns - o.clock_correction_ns
-           - lag(c.ts_ns - o.clock_correction_ns) OVER (PARTITION BY c.inst_id ORDER BY c.ts_ns - o.clock_correction_ns, c.rank)
-           AS gap
+           - lag(c.ts_ns - o.clock_correction_ns)
+               OVER (PARTITION BY c.inst_id ORDER BY c.ts_ns - o.clock_correction_ns, c.rank) AS gap
   FROM _c_valid c JOIN _c_b_off o USING (rank)
 ),
 _c_inst2 AS (

@@ -327,8 +327,8 @@ def gpu_idle(results: Results) -> Iterator[Finding]:
         ranks_tuple = tuple(r["rank"] for r in rows)
         beyond = " beyond what data loading explains" if worst["explained"] else ""
         message = (f"{ranks_phrase(ranks_tuple)}: GPU idle {worst['share']:.0f}% of the step{beyond} "
-                   f"({duration(worst['per_step'])} per step; worst: rank {worst['rank']}, step {worst['worst_step']} at "
-                   f"{worst['worst_pct']:.0f}%), {_IDLE_CAUSE_ADVICE[cause]}")
+                   f"({duration(worst['per_step'])} per step; worst: rank {worst['rank']}, "
+                   f"step {worst['worst_step']} at {worst['worst_pct']:.0f}%), {_IDLE_CAUSE_ADVICE[cause]}")
         busiest = _host_busiest(host.get(worst["rank"], []))
         if cause == IDLE_HOST_WAIT and busiest:
             message += f" (the host's step: {busiest})"
