@@ -175,3 +175,27 @@ def test_gpu_wait_split_matches_the_raw_json(tmp_path: Path, shared_traces: Path
         assert sum(row[p.column] for p in GPU.leaves()) == row["dur_ns"]
     assert sum(r["comm_wait_ns"] for r in rows) > 0
     assert statistics.mean(r["comm_wait_ns"] for r in rows if r["rank"] == 1) == 0  # rank 1 arrives last
+
+
+def test_step_timeline_tiles_each_rank_as_its_breakdown(store: Any, tmp_path: Path, shared_traces: Path) -> None:
+    """The dashboard's cross-rank timeline: per rank, its segments of each part sum to the step
+    breakdown's leaves (host here, GPU on trace_filter), segments tile the window without gaps,
+    and the late arrival is marked on rank 2."""
+    from stepscope.analysis.timeline import late_marks, step_timeline, timeline_parts
+
+    cases = [(store, "late", 3, host_breakdown, HOST)]
+    paths = [shared_traces / f"hta/trace_filter/sampled_rank-{r}.json.gz" for r in (0, 1)]
+    assert ingest_paths(paths, tmp_path / "store", "pair").ok
+    cases.append((open_store(tmp_path / "store"), "pair", 552, step_breakdown, GPU))
+    for st, run, step, breakdown, parts in cases:
+        segments = step_timeline(st, run, step).to_pylist()
+        rows = {r["rank"]: r for r in breakdown(st, run).to_pylist() if r["step"] == step}
+        for rank, row in rows.items():
+            mine = sorted((s for s in segments if s["rank"] == rank), key=lambda s: s["t0_ns"])
+            assert {s["part"] for s in mine} <= {p.name for p in timeline_parts(parts)}
+            for part in timeline_parts(parts):
+                assert sum(s["dur_ns"] for s in mine if s["part"] == part.name) == row[part.column], (run, rank, part)
+            assert all(a["t1_ns"] == b["t0_ns"] for a, b in zip(mine, mine[1:]))
+            assert mine[-1]["t1_ns"] - mine[0]["t0_ns"] == row["dur_ns"]
+    marks = late_marks(store, "late", 3).to_pylist()
+    assert [m["rank"] for m in marks] == [2] and marks[0]["others_wait_ns"] > 50e6

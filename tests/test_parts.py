@@ -207,7 +207,8 @@ def test_compare_metrics_and_budgets_follow_the_catalogue() -> None:
 
 def test_dashboard_charts_use_the_catalogue_labels_and_colours(monkeypatch: pytest.MonkeyPatch,
                                                               tiny_store: Any) -> None:
-    """The Overview's stacked bars: legend domain and colours are the catalogue's, in its order."""
+    """The Overview's stacked bars: legend domain and colours are the catalogue's finest parts
+    (sub-parts where a part has them: waiting vs transfer, idle causes), in its order."""
     pytest.importorskip("streamlit")
     import json
     import sys
@@ -227,7 +228,7 @@ def test_dashboard_charts_use_the_catalogue_labels_and_colours(monkeypatch: pyte
         if "domain" in scale:
             scales.append((scale["domain"], scale["range"]))
     for breakdown in (GPU, HOST):
-        expected = ([p.label for p in breakdown.parts], [p.color for p in breakdown.parts])
+        expected = ([p.label for p in breakdown.leaves()], [p.color for p in breakdown.leaves()])
         assert expected in scales, (breakdown.name, scales)
 
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 from stepscope.analysis._sql import rank_filter, sql_list, sweep_ctes
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.absent import NO_COMMUNICATION, NO_GPU_EVENTS, NO_STEPS, Absent, Maybe, missing_rank
-from stepscope.analysis.matching import collective_ctes
+from stepscope.analysis.matching import collective_ctes, ranks_with_collectives
 from stepscope.analysis.parts import (
     COMM_EXPOSED,
     COMMUNICATION_OPS,
@@ -33,6 +33,7 @@ from stepscope.analysis.parts import (
     IDLE_HOST_WAIT,
     IDLE_KERNEL_WAIT,
     IDLE_OTHER,
+    PEER_WAITS,
     Breakdown,
     Hidden,
     Part,
@@ -260,6 +261,16 @@ def _idle_split() -> str:
     )"""
 
 
+def _no_wait_split(part: Part) -> str:
+    """The split when no collective can be matched (fewer than two ranks with collectives): no
+    wait is known, all of the part is the rest."""
+    wait, transfer = part.sub_parts
+    return f"""
+    _split_{part.name} AS (
+        SELECT rank, step, 0::BIGINT AS {wait.column}, {_ns(part.column, transfer.column)} FROM _parts
+    )"""
+
+
 def _wait_split(breakdown: Breakdown, part: Part, *, host_side: bool) -> Callable[[], str]:
     """The split of an exposed-communication part into waiting for peers and the rest.
 
@@ -318,11 +329,13 @@ and end in ``_split_<part name>(rank, step, <sub-part columns>)``; :func:`step_b
 ``KeyError``)."""
 
 
-def _split_sql(breakdown: Breakdown) -> tuple[str, list[str], str]:
+def _split_sql(breakdown: Breakdown, matched: bool = True) -> tuple[str, list[str], str]:
     """For a breakdown's parts with sub-parts: the split CTEs (each preceded by a comma, to follow
-    ``_parts``), the sub-part columns to select, and the joins that bring them in."""
+    ``_parts``), the sub-part columns to select, and the joins that bring them in. ``matched``
+    False: no collective can be matched in the run, so the waits' splits are the trivial one."""
     split = [p for p in breakdown.parts if p.sub_parts]
-    ctes = "".join("," + SPLITS[p]() for p in split)
+    ctes = "".join("," + (SPLITS[p]() if matched or not any(s in PEER_WAITS for s in p.sub_parts)
+                          else _no_wait_split(p)) for p in split)
     columns = [f"coalesce(_split_{p.name}.{c.column}, 0)::BIGINT AS {c.column}" for p in split for c in p.sub_parts]
     joins = " ".join(f"LEFT JOIN _split_{p.name} USING (rank, step)" for p in split)
     return ctes, columns, joins
@@ -341,12 +354,13 @@ def _iv_ctes(breakdown: Breakdown, rf: str) -> str:
     )"""
 
 
-def _parts_query(breakdown: Breakdown, rf: str, win: str, select: str, where: str = "TRUE") -> str:
+def _parts_query(breakdown: Breakdown, rf: str, win: str, select: str, where: str = "TRUE",
+                 matched: bool = True) -> str:
     """The breakdown of every window of ``win`` (CTEs defining ``win(rank, step, w0, w1, ...)``,
     disjoint per rank; they may read ``gpu``): ``SELECT <select>, <every column of the
     breakdown> FROM win w ... WHERE <where>``. One generator for the step breakdowns and for
     arbitrary windows (:func:`parts_over`), so both split time by the same rules."""
-    split_ctes, split_columns, split_joins = _split_sql(breakdown)
+    split_ctes, split_columns, split_joins = _split_sql(breakdown, matched)
     names = [e.column for e in (*breakdown.parts, *breakdown.hidden)]
     columns = [*(f"coalesce(p.{c}, 0)::BIGINT AS {c}" for c in names), *split_columns]
     return f"""
@@ -379,7 +393,7 @@ def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
         GPU, rf, window_ctes(rf),
         "$run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns, "
         "w.cpu_start AS cpu_start_ns, w.cpu_end - w.cpu_start AS cpu_dur_ns",
-        "w.rank IN (SELECT DISTINCT rank FROM gpu)")
+        "w.rank IN (SELECT DISTINCT rank FROM gpu)", ranks_with_collectives(store, run) >= 2)
     table = _run(store, query, run, extra)
     if table.num_rows == 0:
         return _absent_for(store, run, ranks, needs_gpu=True)
@@ -415,7 +429,8 @@ def host_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
     rf, extra = rank_filter(ranks)
     win = f"win AS MATERIALIZED (SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM steps WHERE run = $run AND {rf})"
     query = _parts_query(
-        HOST, rf, win, "$run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns")
+        HOST, rf, win, "$run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns",
+        matched=ranks_with_collectives(store, run) >= 2)
     table = _run(store, query, run, extra)
     if table.num_rows == 0:
         return _absent_for(store, run, ranks, needs_gpu=False)
@@ -436,7 +451,8 @@ def parts_over(store: SQLStore, run: str, breakdown: Breakdown,
     rf, extra = rank_filter(ranks)
     values = ", ".join(f"({int(r)}, {int(k)}, {int(a)}, {int(b)})" for r, k, a, b in windows)
     win = f"win AS MATERIALIZED (SELECT * FROM (VALUES {values}) AS t(rank, step, w0, w1))"
-    return _run(store, _parts_query(breakdown, rf, win, "w.rank, w.step AS key, w.w0, w.w1"), run, extra)
+    return _run(store, _parts_query(breakdown, rf, win, "w.rank, w.step AS key, w.w0, w.w1",
+                                    matched=ranks_with_collectives(store, run) >= 2), run, extra)
 
 
 @cached_frame("rank_totals")

@@ -263,6 +263,14 @@ def collective_rows(store: SQLStore, run: str, ranks: Sequence[int] | None = Non
 NO_MATCH = "no collective of this rank was matched with one of another traced rank"
 
 
+def ranks_with_collectives(store: SQLStore, run: str) -> int:
+    """How many ranks of the run have a collective event: with fewer than two nothing can be
+    matched, and the analyses skip the matching (a cheap count instead of the whole query)."""
+    return store.sql(
+        f"SELECT count(DISTINCT e.rank) AS n FROM events e WHERE e.run = $run AND e.category = 'communication' "
+        f"AND e.dur_ns IS NOT NULL AND (e.kind = 'kernel' OR ({HOST_SIDE_SQL}))", {"run": run}).to_pylist()[0]["n"]
+
+
 @cached_frame("clock_offsets")
 def clock_offsets(store: SQLStore, run: str) -> pa.Table:
     """Per rank of the run: ``instances`` (valid collectives the estimate rests on),
@@ -273,6 +281,12 @@ def clock_offsets(store: SQLStore, run: str) -> pa.Table:
     (what is subtracted from the rank's times before waits and lateness are computed, relative
     to the reference: its offset when that exceeds its spread, else 0), ``absent_reason`` (why no
     offset could be estimated). Only differences between ranks' clocks can be known."""
+    if ranks_with_collectives(store, run) < 2:
+        return store.sql(
+            "SELECT $run AS run, rank, 0::BIGINT AS instances, NULL::BIGINT AS reference_rank, "
+            "NULL::DOUBLE AS clock_offset_ns, NULL::DOUBLE AS clock_spread_ns, 0::BIGINT AS clock_correction_ns, "
+            "$no_match AS absent_reason FROM (SELECT DISTINCT rank FROM sources WHERE run = $run) ORDER BY rank",
+            {"run": run, "no_match": NO_MATCH})
     query = f"""
 WITH {collective_ctes()},
 est AS (SELECT * FROM _c_b_off WHERE instances > 0),

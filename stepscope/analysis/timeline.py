@@ -17,12 +17,20 @@ from stepscope.analysis._sql import rank_filter, sweep_ctes
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.breakdown import _exclusive, _iv_ctes, window_ctes
 from stepscope.analysis.cache import cached_frame
-from stepscope.analysis.matching import collective_ctes
+from stepscope.analysis.matching import collective_ctes, ranks_with_collectives
 from stepscope.analysis.parts import COMM_EXPOSED, COMMUNICATION_OPS, GPU, HOST, Breakdown, Part
 from stepscope.analysis.sections import SQLStore
 
 _SPLIT_BY_WAITS: dict[Breakdown, Part] = {GPU: COMM_EXPOSED, HOST: COMMUNICATION_OPS}
 """The part of each breakdown whose segments waits split into its two sub-parts."""
+
+
+def timeline_parts(breakdown: Breakdown) -> tuple[Part, ...]:
+    """The parts a lane is cut into: the breakdown's parts, exposed communication split into
+    waiting and transfer (idle stays whole: its causes come from the gaps around it, not from
+    the moment)."""
+    split = _SPLIT_BY_WAITS[breakdown]
+    return tuple(q for p in breakdown.parts for q in (p.sub_parts if p is split else (p,)))
 
 
 def _part_case(breakdown: Breakdown, wait_class: int) -> str:
@@ -56,10 +64,14 @@ def step_timeline(store: SQLStore, run: str, step: int, ranks: None = None) -> M
                "WHERE run = $run AND step = $step)")
     wait_class = len(breakdown.classes)
     side = "" if breakdown is HOST else "NOT "
+    # with fewer than two ranks with collectives nothing is matched: no waits, no clock corrections
+    coll = collective_ctes() if ranks_with_collectives(store, run) >= 2 else (
+        "coll AS (SELECT NULL::BIGINT AS rank, NULL::BIGINT AS ts_ns, NULL::BIGINT AS wait_ns, "
+        "NULL::BOOLEAN AS host_side, NULL::BIGINT AS clock_correction_ns WHERE FALSE)")
     query = f"""
     WITH {_iv_ctes(breakdown, rf)},
     {win},
-    {collective_ctes()},
+    {coll},
     _iv_all AS (
         SELECT rank, t0, t1, cls FROM iv
         WHERE t1 > (SELECT min(w0) FROM _win_step) AND t0 < (SELECT max(w1) FROM _win_step)
@@ -94,6 +106,9 @@ def late_marks(store: SQLStore, run: str, step: int, ranks: None = None) -> pa.T
     """The late arrivals of ``step``: every member of a valid instance that arrived late
     (:mod:`stepscope.analysis.matching`) while others waited: ``rank, collective, t_ns`` (its
     clock-aligned start), ``others_wait_ns`` (the other members' summed waits at that instance)."""
+    if ranks_with_collectives(store, run) < 2:
+        return pa.table({"rank": pa.array([], pa.int64()), "collective": pa.array([], pa.string()),
+                         "t_ns": pa.array([], pa.int64()), "others_wait_ns": pa.array([], pa.int64())})
     query = f"""
     WITH {collective_ctes()}
     SELECT c.rank, c.collective, c.aligned_ts_ns AS t_ns,

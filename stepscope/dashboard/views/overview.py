@@ -12,7 +12,7 @@ from stepscope.analysis.breakdown import host_breakdown, rank_totals, step_break
 from stepscope.analysis.matching import clock_offsets
 from stepscope.analysis.parts import GPU, HOST, Part
 from stepscope.analysis.steps import step_times
-from stepscope.analysis.timeline import late_marks, step_timeline
+from stepscope.analysis.timeline import late_marks, step_timeline, timeline_parts
 from stepscope.analysis.verdict import verdict
 from stepscope.dashboard._data import context, trace_bytes
 from stepscope.dashboard._filters import select
@@ -101,7 +101,7 @@ def show_timeline(findings: list) -> None:
     origin = int(data["t0_ns"].min())
     leaves = _leaves()
     breakdown = GPU if data["breakdown"].iloc[0] == "gpu" else HOST
-    order = [p for p in breakdown.leaves() if p.name in set(data["part"])]
+    order = [p for p in timeline_parts(breakdown) if p.name in set(data["part"])]
     data = data.assign(label=data["part"].map(lambda n: leaves[n].label),
                        start_ms=(data["t0_ns"] - origin) / NS_PER_MS, end_ms=(data["t1_ns"] - origin) / NS_PER_MS,
                        dur_ms=data["dur_ns"] / NS_PER_MS)
