@@ -30,6 +30,10 @@ ctx = context()
 st.title(f"Overview: {ctx.run}")
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def _leaves() -> dict[str, Part]:
     return {p.name: p for b in (GPU, HOST) for p in (*b.with_sub_parts(),)}
 
@@ -45,18 +49,19 @@ def show_verdict() -> list:
     facts = v["run"]
     step = v.get("step_ns")
     where = "GPU" if v.get("breakdown") == "gpu" else "host"
-    head = (f"{facts.get('ranks') or 0} rank(s) traced" + (f" of {facts['world_size']}" if facts.get("world_size") else "")
+    head = (_n(facts.get("ranks") or 0, "rank") + " traced" + (f" of {facts['world_size']}" if facts.get("world_size") else "")
             + (f", {facts['backend']}" if facts.get("backend") else "")
             + (f", {facts['gpu_name']}" if facts.get("gpu_name") else ""))
     if isinstance(step, Absent):
         st.info(f"{head}. No step time: {step.reason}", icon=":material/info:")
     else:
-        st.markdown(f"**Median step {duration(step)}** over {v['ranks']} rank(s) x {v['steps']} step(s) ({head}); "
-                    f"what bounds it ({where} time):")
+        st.markdown(f"**Median step {duration(step)}** over {_n(v['ranks'], 'rank')} x {_n(v['steps'], 'step')} "
+                    f"({head}); what bounds it ({where} time):")
         bound = v["bound_by"]
         cols = st.columns(max(1, len(bound)))
         for col, b in zip(cols, bound):
-            col.metric(b["label"], duration(b["ns"]), f"{percent(100 * b['share'])} of the step", delta_color="off")
+            col.metric(f"{b['label']} ({percent(100 * b['share'])})", duration(b["ns"]),
+                       help=f"{percent(100 * b['share'])} of the summed step windows, x the median step")
     if not findings:
         st.success("No finding: no cause costs 1 ms per step or more.", icon=":material/check:")
     for f in findings[:VERDICT_FINDINGS]:
@@ -113,7 +118,7 @@ def show_timeline(findings: list) -> None:
     lanes = sorted(data["rank"].unique())
     color = alt.Color("label:N", title="part", sort=[p.label for p in order], legend=alt.Legend(labelLimit=300),
                       scale=alt.Scale(domain=[p.label for p in order], range=[p.color for p in order]))
-    y = alt.Y("rank:O", title="rank", sort=lanes)
+    y = alt.Y("rank:O", title="rank", sort=lanes, axis=alt.Axis(labelOverlap=len(lanes) > 32))
     layers = [alt.Chart(data).mark_bar(height=max(6, min(28, 360 // max(len(lanes), 1)))).encode(
         x=alt.X("start_ms:Q", title="ms since the step's first start (clocks aligned)"), x2="end_ms:Q", y=y,
         color=color,
@@ -130,7 +135,7 @@ def show_timeline(findings: list) -> None:
             tooltip=[alt.Tooltip("rank:O", title="late rank"), alt.Tooltip("collective:N"),
                      alt.Tooltip("t_ms:Q", title="arrived at (ms)", format=",.3f"),
                      alt.Tooltip("waited_ms:Q", title="the others waited (ms, summed)", format=",.3f")]))
-    chart(alt.layer(*layers).properties(height=max(140, min(720, 34 * len(lanes)))))
+    chart(alt.layer(*layers).properties(height=max(160, min(720, 40 * len(lanes)))))
     st.caption("Black triangles: a rank arriving late at a collective the others waited in. "
                + (f"{cut:,} segments shorter than the {TIMELINE_MAX_BARS:,} drawn are left out. " if cut else "")
                + "Each bar is one stretch of one part (the step breakdown's rules, over time).")
