@@ -140,7 +140,7 @@ def _offsets(instances: list[Instance], keep) -> dict[Any, Any]:
     for rank, d in _deviations(instances, keep).items():
         offset = statistics.median(d)
         spread = statistics.median(abs(x - offset) for x in d)
-        out[rank] = _round(offset) if abs(offset) > spread else 0
+        out[rank] = _round(offset) if abs(offset) > spread and abs(offset) >= 1_000_000 else 0
         out[(rank, "spread")] = spread
     return out
 

@@ -107,6 +107,13 @@ def test_clock_offsets_are_recovered_and_the_findings_do_not_change(store: Any) 
             return [(f.rule, f.ranks, f.evidence["origin"], f.evidence["cause"]) for f in findings]
 
         assert key(_late_findings(store, f"{run}-shifted")) == key(_late_findings(store, run))
+    # the summary says the clocks were aligned, and on which ranks
+    from stepscope.analysis.summary import build_summary
+    from stepscope.commands.summary import render_table
+
+    doc = build_summary(store, "late-shifted")
+    assert {c["rank"] for c in doc["verdict"]["clock_corrections"]} >= {1, 2}
+    assert "clocks aligned on rank 0's from the end times of matched collectives: " in render_table(doc)
     plain_rows = late_arrivals(store, "late").to_pylist()
     shifted_rows = late_arrivals(store, "late-shifted").to_pylist()
     for a, b in zip(plain_rows, shifted_rows, strict=True):

@@ -24,8 +24,8 @@ ranks"):
 - **Clock offsets**: a collective ends on all ranks within microseconds. Per valid instance,
   ``d = end - median(end of its members)``; a rank's ``clock_offset_ns`` is the median of its
   ``d``, ``clock_spread_ns`` their median absolute deviation from it. When the offset exceeds
-  the spread, the rank's times are corrected by it (``clock_correction_ns``); otherwise they are
-  compared as recorded.
+  the spread and 1 ms, the rank's times are corrected by it (``clock_correction_ns``);
+  otherwise they are compared as recorded.
 - **Wait** of a member: ``min(max(latest aligned start of the instance - its aligned start, 0),
   its duration)``: the time it spent inside the collective before the last peer arrived.
 - **Late ranks** of an instance: sort the aligned starts; the members after the largest gap
@@ -56,6 +56,11 @@ UNSIZED = ("all_to_all",)
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
 """Collectives where a rank can finish before another starts (the root, a leaf): no overlap check."""
 
+CLOCK_MIN_CORRECTION_NS = 1_000_000
+"""Clocks are corrected only by offsets of 1 ms or more (and beyond their spread): a smaller one
+changes no wait by as much as the 1 ms floor of every finding, and on one host it is the
+collective's own end-time jitter (gloo ranks end up to a millisecond apart), not a clock."""
+
 MATCHED_BY = ("comm_seq", "step_order")
 """How an instance was matched: recorded sequence number, or order in the step."""
 
@@ -78,7 +83,8 @@ def _offset_ctes(prefix: str, rows: str, where: str) -> str:
 {prefix}_off AS (
   SELECT r.rank, coalesce(o.instances, 0) AS instances, o.offset AS clock_offset_ns,
          o.spread AS clock_spread_ns,
-         coalesce(CASE WHEN abs(o.offset) > o.spread THEN round(o.offset)::BIGINT END, 0) AS clock_correction_ns
+         coalesce(CASE WHEN abs(o.offset) > o.spread AND abs(o.offset) >= {CLOCK_MIN_CORRECTION_NS}
+                       THEN round(o.offset)::BIGINT END, 0) AS clock_correction_ns
   FROM (SELECT DISTINCT rank FROM {rows}) r
   LEFT JOIN (SELECT o.rank, o.instances, o.offset, median(abs(v.d - o.offset)) AS spread
              FROM {prefix}_off0 o JOIN {prefix}_dev v USING (rank) GROUP BY o.rank, o.instances, o.offset) o

@@ -245,7 +245,7 @@ def _compute_summary(store: SQLStore, run: str, ranks: Sequence[int] | None) -> 
     assert isinstance(ranks_result, RanksResult)
     doc: dict[str, Any] = {"summary_version": SUMMARY_VERSION, "run": run}
     doc["verdict"] = verdict(store, run, (ranks_result.breakdown, ranks_result.host), findings,
-                             bool(ranks_result.matched))
+                             clock_offsets(store, run))
     for s in all_sections():
         result = results[s.name]
         doc[s.name] = result if isinstance(result, Absent) else s.to_json(result)

@@ -11,6 +11,8 @@ The summary's first screen and the dashboard's Overview open with it; the JSON c
   where no collective was matched across ranks, waiting cannot be told from transfer, so
   exposed communication stays one part there.
 - ``findings``: every finding, in order of time at stake (:func:`stepscope.analysis.findings.evaluate`).
+- ``clock_corrections``: the ranks whose clocks were corrected before waits and lateness were
+  computed (:func:`stepscope.analysis.matching.clock_offsets`), relative to the reference rank.
 """
 
 from __future__ import annotations
@@ -59,12 +61,19 @@ def run_facts(store: SQLStore, run: str) -> dict[str, Any]:
 
 
 def verdict(store: SQLStore, run: str, breakdowns: tuple[pa.Table | Absent, pa.Table | Absent],
-            findings: Sequence[Finding], waits_known: bool) -> dict[str, Any]:
+            findings: Sequence[Finding], offsets: pa.Table) -> dict[str, Any]:
     """The ``verdict`` object (module docs). ``breakdowns``: the GPU and host step breakdowns of
-    the ranks reported; ``waits_known``: some collective was matched across ranks."""
+    the ranks reported; ``offsets``: :func:`stepscope.analysis.matching.clock_offsets` (which
+    ranks' collectives were matched, whose clocks were corrected)."""
     gpu, host = breakdowns
     table, breakdown = (gpu, GPU) if isinstance(gpu, pa.Table) and gpu.num_rows else (host, HOST)
-    out: dict[str, Any] = {"run": run_facts(store, run), "findings": [f.to_json() for f in findings]}
+    rows = offsets.to_pylist()
+    waits_known = any(r["instances"] for r in rows)
+    out: dict[str, Any] = {
+        "run": run_facts(store, run), "findings": [f.to_json() for f in findings],
+        "clock_corrections": [{"rank": r["rank"], "ns": r["clock_correction_ns"],
+                               "reference_rank": r["reference_rank"]} for r in rows if r["clock_correction_ns"]],
+    }
     if not isinstance(table, pa.Table) or table.num_rows == 0:
         out.update(step_ns=Absent(table.reason if isinstance(table, Absent) else NO_STEPS), bound_by=[],
                    breakdown=None, ranks=0, steps=0)

@@ -234,6 +234,12 @@ def verdict_tables(doc: dict[str, Any]) -> tuple[list[str], list[Table]]:
         where = "GPU time" if v["breakdown"] == "gpu" else "host time: no GPU events"
         lines.append(f"step time {duration(step)} (median over {_n(v['ranks'], 'rank')} x {_n(v['steps'], 'step')}; "
                      f"parts of the {where})")
+    corrections = v.get("clock_corrections") or []
+    if corrections:
+        lines.append(f"clocks aligned on rank {corrections[0]['reference_rank']}'s from the end times of matched "
+                     "collectives: " + ", ".join(f"rank {c['rank']} {'+' if c['ns'] > 0 else '-'}{duration(abs(c['ns']))}"
+                                                  for c in corrections[:8])
+                     + (f" and {len(corrections) - 8} more" if len(corrections) > 8 else ""))
     out: list[Table] = []
     if v.get("bound_by"):
         out.append(Table("What bounds the step", (Column("part"), Column("share", "pct"), Column("per step", "ns")),

@@ -42,10 +42,8 @@ def show_verdict() -> list:
     """The run, its median step, what bounds it and the findings by time at stake: the summary's
     first screen (the same analysis: :func:`stepscope.analysis.verdict.verdict`)."""
     gpu, host = ctx.analysis(step_breakdown), ctx.analysis(host_breakdown)
-    offsets = ctx.analysis(clock_offsets)
-    waits_known = any(r["instances"] for r in offsets.to_pylist())
     findings = ctx.findings()
-    v = verdict(ctx.store, ctx.run, (gpu, host), findings, waits_known)
+    v = verdict(ctx.store, ctx.run, (gpu, host), findings, ctx.analysis(clock_offsets))
     facts = v["run"]
     step = v.get("step_ns")
     where = "GPU" if v.get("breakdown") == "gpu" else "host"
