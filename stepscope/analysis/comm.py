@@ -42,7 +42,7 @@ from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ranks_phrase, rule
 from stepscope.analysis.matching import POINT_TO_POINT, clock_offsets, collective_ctes, collective_rows
 from stepscope.analysis.overlap import COMPUTE_KERNELS_SQL, hidden_ctes
-from stepscope.analysis.parts import COMMUNICATION_OPS, COMPUTE, COMPUTE_OPS, HOST
+from stepscope.analysis.parts import COMM_EXPOSED, COMMUNICATION_OPS, COMPUTE, COMPUTE_OPS, HOST, PEER_WAITS
 from stepscope.analysis.phase import gpu_phase_ctes
 from stepscope.analysis.quantiles import median, median_sql
 from stepscope.analysis.sections import SQLStore, section
@@ -204,7 +204,8 @@ def group_phase_summary(store: SQLStore, run: str, ranks: Sequence[int] | None =
     ``exposed_pct_of_steps`` relates the exposed time to the rank's total ``ProfilerStep`` time
     (null, with a reason, when the trace has no steps); ``wait_ns``/``exposed_wait_ns`` are the
     kernels' waits for peers (all of it / the part not under compute; ``matched`` counts the
-    kernels matched with another rank, whose wait is known), ``exposed_transfer_ns``
+    kernels matched with another rank, whose wait is known; ``partly_traced``: some of its
+    collectives' groups have ranks that were not traced), ``exposed_transfer_ns``
     the exposed time that is not waiting, and ``exposed_transfer_pct_of_steps`` its share.
     """
     return _group_phase_summary(_kernels_table(store, run, ranks), _step_totals(store, run, ranks))
@@ -225,7 +226,8 @@ def _group_phase_summary(kernels: pa.Table, step_total: pa.Table) -> pa.Table:
 SELECT k.run, k.rank, k.pg_name, k.pg_desc, k.pg_ranks, k.group_size, k.phase, k.host_side,
        string_agg(DISTINCT k.collective, ', ' ORDER BY k.collective) AS collectives, count(*) AS count, sum(k.bytes)::BIGINT AS bytes, sum(k.dur_ns)::BIGINT AS dur_ns,
        sum(k.hidden_ns)::BIGINT AS hidden_ns, sum(k.exposed_ns)::BIGINT AS exposed_ns,
-       count(k.wait_ns) AS matched, sum(k.wait_ns)::BIGINT AS wait_ns,
+       count(k.wait_ns) AS matched, coalesce(bool_or(k.inst_ranks < k.inst_group_size), FALSE) AS partly_traced,
+       sum(k.wait_ns)::BIGINT AS wait_ns,
        sum(k.exposed_wait_ns)::BIGINT AS exposed_wait_ns,
        (sum(k.exposed_ns) - coalesce(sum(k.exposed_wait_ns), 0))::BIGINT AS exposed_transfer_ns,
        100.0 * sum(k.hidden_ns) / nullif(sum(k.dur_ns), 0) AS hidden_pct,
@@ -495,46 +497,92 @@ def comm_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Mayb
 
 
 EXPOSED_PCT_WARN = 10.0
-"""Exposed transfer of one process group and phase above this share of step time warns."""
+"""Exposed transfer above this share of the step (and 1 ms per step) warns."""
+
+_PHASE_WORDS = {"forward": "in forward", "backward": "in backward", "optimizer": "in the optimizer",
+                "other": "outside forward/backward/optimizer"}
 
 
-@rule("comm.exposed", needs=("comm",))
+def _where(row: dict) -> str:
+    """Where a process group's collectives of one phase ran, in words."""
+    if row["host_side"]:
+        return "on gloo's worker thread"
+    return _PHASE_WORDS.get(row["phase"], "in an unknown phase (their launch is not in the trace)")
+
+
+def _exposed_transfer(ranks: object) -> dict[int, tuple[float, float, bool]]:
+    """Per rank with steps: (exposed transfer per step, its share of the step, whether its waits are
+    known), from the step breakdown (GPU, else host): the union, never more than the step. Where
+    no collective of the rank was matched, waiting cannot be told apart: all exposed
+    communication counts."""
+    gpu = getattr(ranks, "breakdown")
+    table, parent = (gpu, COMM_EXPOSED) if isinstance(gpu, pa.Table) and gpu.num_rows else (
+        getattr(ranks, "host"), COMMUNICATION_OPS)
+    if not isinstance(table, pa.Table):
+        return {}
+    matched = getattr(ranks, "matched")
+    transfer = next(p for p in parent.sub_parts if p not in PEER_WAITS)
+    out: dict[int, tuple[float, float, bool]] = {}
+    for rank, rows in _group(table.to_pylist()).items():
+        known = rank in matched
+        part = transfer if known else parent
+        total, dur = sum(r[part.column] for r in rows), sum(r["dur_ns"] for r in rows)
+        if dur:
+            out[rank] = (total / len(rows), 100 * total / dur, known)
+    return out
+
+
+def _group(rows: list[dict]) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    for row in rows:
+        out.setdefault(row["rank"], []).append(row)
+    return out
+
+
+@rule("comm.exposed", needs=("comm", "ranks"))
 def exposed_rule(results: Results) -> Iterator[Finding]:
-    """A process group's communication in one phase transfers, exposed (not under compute and not
-    waiting for a peer), for at least 10% of the step time and 1 ms per step: overlap with
-    compute is poor there. Waiting for peers is ``comm.late_rank``'s, not this rule's. One
-    finding per process group, phase and collectives, over every rank where it holds."""
+    """A rank's communication transfers exposed (not under compute and not waiting for a peer)
+    for at least 10% of the step time and 1 ms per step: overlap with compute is poor. The time
+    is the step breakdown's (a union: never more than the step); the process groups and phases
+    whose collectives carry most of it are named. Waiting for peers is ``comm.late_rank``'s,
+    not this rule's. One finding over every rank where it holds, naming the worst rank's leading
+    groups and phases."""
     result = results["comm"]
     assert isinstance(result, CommResult)
-    groups: dict[tuple, list[dict]] = {}
-    for row in result.by_group_phase.to_pylist():
-        pct, steps = row["exposed_transfer_pct_of_steps"], row["steps"]
-        if pct is None or not steps or pct < EXPOSED_PCT_WARN or row["exposed_transfer_ns"] / steps < MIN_STAKE_NS:
+    exposed = _exposed_transfer(results["ranks"])
+    contributors = _group(result.by_group_phase.to_pylist())
+    items = []
+    for rank, (per_step, pct, known) in exposed.items():
+        rows = sorted((r for r in contributors.get(rank, []) if (r["exposed_transfer_ns"] or 0) > 0),
+                      key=lambda r: -r["exposed_transfer_ns"])
+        if pct < EXPOSED_PCT_WARN or per_step < MIN_STAKE_NS or not rows:
             continue
-        groups.setdefault((row["pg_name"], row["pg_desc"], row["phase"], row["collectives"]), []).append(row)
-    for (pg_name, pg_desc, phase, collectives), rows in groups.items():
-        worst = max(rows, key=lambda r: r["exposed_transfer_ns"] / r["steps"])
-        per_step = worst["exposed_transfer_ns"] / worst["steps"]
-        ranks = tuple(sorted(r["rank"] for r in rows))
-        named = phase in ("forward", "backward", "optimizer")
-        where = f"in {phase}" if named else ("outside forward/backward/optimizer" if phase else "in an unknown phase")
-        waited = sum(r["exposed_wait_ns"] or 0 for r in rows) / sum(r["steps"] for r in rows)
+        total = sum(r["exposed_transfer_ns"] for r in rows)
+        items.append({"rank": rank, "per_step": per_step, "pct": pct, "known": known, "rows": rows, "total": total,
+                      "partly": any(r["partly_traced"] for r in rows)})
+    if items:
+        worst = max(items, key=lambda i: i["per_step"])
+        ranks = tuple(sorted(i["rank"] for i in items))
+        parts = [f"{r['collectives'] or 'collectives of unknown kind'} {_where(r)} (process group "
+                 f"{r['pg_desc'] or r['pg_name'] or 'unknown'}, {100 * r['exposed_transfer_ns'] / worst['total']:.0f}%)"
+                 for r in worst["rows"][:2]]
+        message = (f"{ranks_phrase(ranks)}: communication transfers exposed for {duration(worst['per_step'])} per step "
+                   f"({worst['pct']:.0f}% of the step), mostly {' and '.join(parts)}: overlap with compute is poor")
+        if not worst["known"]:
+            message += ("; none of these collectives was matched with another traced rank's, so part of this may be "
+                        "waiting for a peer, not transfer")
+        elif worst["partly"]:
+            message += ("; some of their process groups have ranks that were not traced: waiting for those counts as "
+                        "transfer here")
+        lead = worst["rows"][0]
         yield Finding(
             Severity.WARNING,
             "comm.exposed",
-            f"{ranks_phrase(ranks)}: {collectives} {where} transfers exposed for {duration(per_step)} per step "
-            f"({worst['exposed_transfer_pct_of_steps']:.0f}% of the step, "
-            f"process group {pg_desc or pg_name or 'unknown'}; "
-            f"{worst['hidden_pct']:.0f}% of it hidden under compute): overlap with "
-            f"{phase if named else 'compute'} is poor"
-            + (f" (another {duration(waited)} per step is waiting for peers: see comm.late_rank)"
-               if waited >= MIN_STAKE_NS else "")
-            + ("; none of these collectives was matched with another traced rank's, so part of this may be "
-               "waiting for a peer, not transfer" if not any(r["matched"] for r in rows) else ""),
-            {"ranks": list(ranks), "pg_name": pg_name, "pg_desc": pg_desc, "phase": phase, "collectives": collectives,
-             "exposed_transfer_ns_per_step": round(per_step), "exposed_wait_ns_per_step": round(waited),
-             "exposed_transfer_pct_of_steps": worst["exposed_transfer_pct_of_steps"],
-             "hidden_pct": worst["hidden_pct"], "worst_rank": worst["rank"]},
+            message,
+            {"ranks": list(ranks), "worst_rank": worst["rank"], "exposed_transfer_ns_per_step": round(worst["per_step"]),
+             "exposed_transfer_pct_of_steps": round(worst["pct"], 2), "waits_known": worst["known"],
+             "pg_name": lead["pg_name"], "pg_desc": lead["pg_desc"], "phase": lead["phase"],
+             "collectives": lead["collectives"], "hidden_pct": lead["hidden_pct"]},
             ranks=ranks,
-            time_at_stake_ns=round(per_step),
+            time_at_stake_ns=round(worst["per_step"]),
         )
