@@ -193,32 +193,32 @@ st.subheader("One step across ranks")
 with guarded("Step timeline"):
     show_timeline(found)
 
+def breakdown_section(analysis, breakdown, what: str, caption: str | None = None) -> None:
+    """One breakdown's charts and table, for the selected ranks and steps."""
+    steps = ctx.analysis(analysis)
+    if not shown(steps, what):
+        return
+    steps = select(frame(steps), ctx)
+    if steps.empty:
+        st.info("No steps of the selected ranks fall in the step range.")
+        return
+    if caption:
+        st.caption(caption)
+    breakdown_charts(steps, tuple(breakdown.leaves()), breakdown.name)
+    with st.expander(f"{what} table (ms)"):
+        data_table(ns_to_ms(steps))
+
+
 st.subheader("Where each step's GPU time goes")
 with guarded("GPU step breakdown"):
-    steps = ctx.analysis(step_breakdown)
-    if shown(steps, "Step breakdown"):
-        steps = select(frame(steps), ctx)
-        if steps.empty:
-            st.info("No steps of the selected ranks fall in the step range.")
-        else:
-            breakdown_charts(steps, tuple(GPU.leaves()), "gpu")
-            with st.expander("Step breakdown table (ms)"):
-                data_table(ns_to_ms(steps))
+    breakdown_section(step_breakdown, GPU, "Step breakdown")
 
 st.subheader("Where each step's host (CPU) time goes")
 with guarded("Host step breakdown"):
-    host = ctx.analysis(host_breakdown)
-    if shown(host, "Host breakdown"):
-        host = select(frame(host), ctx)
-        if host.empty:
-            st.info("No steps of the selected ranks fall in the step range.")
-        else:
-            *claiming, rest = HOST.parts
-            st.caption("Over all of the rank's threads; an instant goes to the first of these active, in this "
-                       f"order: {', '.join(p.label for p in claiming)}; {rest.label}: none of them.")
-            breakdown_charts(host, tuple(HOST.leaves()), "host")
-            with st.expander("Host breakdown table (ms)"):
-                data_table(ns_to_ms(host))
+    *claiming, rest = HOST.parts
+    breakdown_section(host_breakdown, HOST, "Host breakdown",
+                      "Over all of the rank's threads; an instant goes to the first of these active, in this order: "
+                      f"{', '.join(p.label for p in claiming)}; {rest.label}: none of them.")
 
 # HTA-style whole-trace totals per rank (ranks without GPU events: the reason instead).
 with guarded("GPU totals"):
