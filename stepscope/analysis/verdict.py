@@ -10,7 +10,9 @@ The summary's first screen and the dashboard's Overview open with it; the JSON c
   ``ns`` = share x ``step_ns``; the largest first, those with 5% or more, at most four. On a run
   where no collective was matched across ranks, waiting cannot be told from transfer, so
   exposed communication stays one part there.
-- ``findings``: every finding, in order of time at stake (:func:`stepscope.analysis.findings.evaluate`).
+- ``findings``: every finding, in order of time at stake (:func:`stepscope.analysis.findings.evaluate`);
+  ``mean_step_ns``, the mean of the same windows, is what a finding's time at stake (a mean per
+  step) is a share of.
 - ``clock_corrections``: the ranks whose clocks were corrected before waits and lateness were
   computed (:func:`stepscope.analysis.matching.clock_offsets`), relative to the reference rank.
 """
@@ -75,11 +77,12 @@ def verdict(store: SQLStore, run: str, breakdowns: tuple[pa.Table | Absent, pa.T
                                "reference_rank": r["reference_rank"]} for r in rows if r["clock_correction_ns"]],
     }
     if not isinstance(table, pa.Table) or table.num_rows == 0:
-        out.update(step_ns=Absent(table.reason if isinstance(table, Absent) else NO_STEPS), bound_by=[],
-                   breakdown=None, ranks=0, steps=0)
+        out.update(step_ns=Absent(table.reason if isinstance(table, Absent) else NO_STEPS), mean_step_ns=None,
+                   bound_by=[], breakdown=None, ranks=0, steps=0)
         return out
-    step_ns = median(table.column("dur_ns").to_pylist())
-    out.update(step_ns=round(step_ns), breakdown=breakdown.name,
+    durations = table.column("dur_ns").to_pylist()
+    step_ns = median(durations)
+    out.update(step_ns=round(step_ns), mean_step_ns=round(sum(durations) / len(durations)), breakdown=breakdown.name,
                ranks=len(set(table.column("rank").to_pylist())), steps=len(set(table.column("step").to_pylist())),
                bound_by=bound_by(table, breakdown, step_ns, waits_known))
     return out

@@ -249,9 +249,11 @@ def verdict_tables(doc: dict[str, Any]) -> tuple[list[str], list[Table]]:
     more = len(findings) - len(shown)
     note = f"{more} more: --section findings" if more > 0 else None
 
-    def share(f: dict[str, Any]) -> str:
+    mean = v.get("mean_step_ns")
+
+    def share(f: dict[str, Any]) -> str:  # a mean per step, of the mean step
         stake = f.get("time_at_stake_ns")
-        return percent(100 * stake / step) if stake is not None and step else "n/a"
+        return percent(100 * stake / mean) if stake is not None and mean else "n/a"
 
     out.append(Table(
         "Findings, by time at stake per step",

@@ -65,7 +65,8 @@ def show_verdict() -> list:
     for f in findings[:VERDICT_FINDINGS]:
         stake = f.time_at_stake_ns
         cost = f"{duration(stake)}/step" if stake is not None else "not a time"
-        share = f" ({percent(100 * stake / step)})" if stake is not None and not isinstance(step, Absent) and step else ""
+        mean = v.get("mean_step_ns")
+        share = f" ({percent(100 * stake / mean)} of the mean step)" if stake is not None and mean else ""
         with st.expander(f"**{cost}{share}** · {f.message}", icon=SEVERITY_ICON.get(f.severity.value)):
             st.caption(f"rule `{f.rule}` ({f.severity.value}), ranks {', '.join(map(str, f.ranks)) or 'n/a'}")
             st.json(dict(f.evidence))
