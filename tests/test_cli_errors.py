@@ -69,6 +69,10 @@ def test_what_the_user_typed_is_a_usage_error(store: Path, capsys: pytest.Captur
     assert main(["compare", "cpu", "cpu", "--store", str(store), "--fail-on", "speed:+5%"]) == 2
     assert "unknown metric 'speed'" in capsys.readouterr().err
     assert main(["runs", "--store", str(store), "--no-such-flag"]) == 2
+    capsys.readouterr()
+    trace = SAMPLE / "rank0.pt.trace.json.gz"
+    assert main(["ingest", str(trace), "--store", str(store), "--run", "///"]) == 2
+    assert "run name '///' has no usable characters" in capsys.readouterr().err
 
 
 def test_a_damaged_store_file_is_bad_input_naming_the_file(store: Path, tmp_path: Path,

@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stepscope.errors import UsageError
 from stepscope.store import schema
 from stepscope.store.atomic import atomic_write
 
@@ -27,7 +28,7 @@ def run_id(name: str) -> str:
     """Directory-safe id of a run name: characters outside ``[A-Za-z0-9._-]`` become ``-``."""
     cleaned = _UNSAFE.sub("-", name).strip("-.")
     if not cleaned:
-        raise ValueError(f"run name {name!r} has no usable characters")
+        raise UsageError(f"run name {name!r} has no usable characters (letters, digits, '.', '_', '-')")
     return cleaned
 
 
