@@ -6,12 +6,14 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+import pyarrow as pa
 import pytest
 
 from stepscope.analysis.breakdown import step_breakdown
 from stepscope.analysis.cache import CACHE_ENV
 from stepscope.store import open_store
 from stepscope.store.ingest import ingest_paths
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.shared
 
@@ -121,3 +123,37 @@ def test_an_absence_is_kept_with_its_reason(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(Store, "sql", lambda self, q, p=None: queries.append(q) or original(self, q, p))
     assert step_breakdown(open_store(root), "r") == first
     assert all("FROM sources WHERE run" in q for q in queries)  # only the key's lookup of the sources
+
+
+
+def _step_times(source: str, wall_ns: int, steps: int) -> pa.Table:
+    return pa.table({"source": [source] * steps, "step": list(range(steps)),
+                     "start_ns": [i * wall_ns for i in range(steps)], "wall_ns": [wall_ns] * steps,
+                     "gpu_ns": [None] * steps, "profiled": [False] * steps,
+                     "tokens": [None] * steps, "samples": [None] * steps})
+
+
+def test_step_times_written_after_the_commit_are_not_hidden_by_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collector commits a trace, then writes (and every few minutes rewrites) the rank's
+    step_times: a summary cached in between must not be served afterwards."""
+    from stepscope.analysis.summary import build_summary
+    from stepscope.store.writer import write_partition
+
+    def fresh() -> object:
+        monkeypatch.setenv(CACHE_ENV, "1")
+        try:
+            return build_summary(open_store(root), "r")
+        finally:
+            monkeypatch.delenv(CACHE_ENV)
+
+    root = tmp_path / "store"
+    assert ingest_paths([REPO / "sample_traces" / "cpu-transformer" / "rank0.pt.trace.json.gz"], root, "r").ok
+    source = open_store(root).sql("SELECT source FROM sources").column("source")[0].as_py()
+    before = build_summary(open_store(root), "r")  # cached
+    for wall_ns, steps in ((7_000_000, 3), (9_000_000, 4)):  # written, then rewritten
+        write_partition(root, "step_times", "r", 0, source, _step_times(source, wall_ns, steps))
+        answer = build_summary(open_store(root), "r")
+        assert answer == fresh() and answer != before
+        before = answer

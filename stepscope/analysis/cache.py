@@ -3,7 +3,9 @@
 A run's traces do not change once ingested, so a frame computed over the whole run can be kept
 next to the store: ``<store>/cache/<frame>/run=<run>/<key>.parquet``. The key hashes what the
 frame depends on: the run's sources (rank, source id, file sha256: adding or replacing a trace
-changes it), the store's schema version, the frame's arguments, and the source code of the
+changes it), the files of the tables the collector writes after a trace is committed and rewrites
+later (:data:`~stepscope.store.schema.REWRITTEN_TABLES`: name, size and mtime of each part), the
+store's schema version, the frame's arguments, and the source code of the
 whole analysis package with the formatters its messages use (:data:`CODE_HASH`: a new or edited
 module, in any subpackage, invalidates every entry, so a stepscope never serves numbers an older
 code computed; no hand-kept list of files to forget). Stale files of
@@ -33,7 +35,7 @@ import pyarrow.parquet as pq
 
 from stepscope.analysis.absent import Absent
 from stepscope.store.atomic import atomic_write, write_text_atomic
-from stepscope.store.schema import SCHEMA_VERSION
+from stepscope.store.schema import REWRITTEN_TABLES, SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +66,29 @@ CACHE_ENV = "STEPSCOPE_NO_CACHE"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def rewritten_parts(root: Path, run: str) -> list[tuple[str, int, int]]:
+    """``(path, size, mtime_ns)`` of every part of the run's :data:`REWRITTEN_TABLES`: a rewrite
+    (atomic, so a new inode) changes its size or mtime."""
+    found = []
+    for table in REWRITTEN_TABLES:
+        for part in (root / table / f"run={run}").glob("rank=*/*.parquet"):
+            try:
+                info = part.stat()
+            except OSError:  # replaced or pruned while listed
+                continue
+            found.append((str(part.relative_to(root)), info.st_size, info.st_mtime_ns))
+    return sorted(found)
+
+
 def run_key(store: Any, run: str, args: str) -> str:
-    """Hash of the run's sources, the schema version, the frame's arguments and the code."""
+    """Hash of the run's sources and rewritten parts, the schema version, the frame's arguments
+    and the code."""
     rows = store.sql(
         "SELECT rank, source, sha256 FROM sources WHERE run = $run ORDER BY rank, source", {"run": run}
     ).to_pylist()
-    text = repr((rows, SCHEMA_VERSION, args, CODE_HASH))
+    root = getattr(store, "root", None)
+    parts = rewritten_parts(Path(root), run) if root is not None else []
+    text = repr((rows, parts, SCHEMA_VERSION, args, CODE_HASH))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 

@@ -231,6 +231,11 @@ TABLES: dict[str, Table] = {
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""
 
+REWRITTEN_TABLES: tuple[str, ...] = ("step_times", "memory_roles", "memory_snapshot", "captures")
+"""Tables the collector writes beside a trace after its ``sources`` row is committed, and may
+rewrite later (``step_times`` every few minutes of a long job): the committed sources alone do not
+say what they hold, so whatever caches answers per run must also look at their files."""
+
 
 def file_metadata(table: str) -> dict[bytes, bytes]:
     """Key/value metadata written into every Parquet file of ``table``."""
