@@ -28,6 +28,22 @@ def test_terminal_right_aligns_numbers_and_keeps_brackets() -> None:
     assert "mixed [cell]" in second  # rich markup is off: brackets are text
 
 
+def test_a_narrow_terminal_never_cuts_a_number_or_a_word() -> None:
+    """Twelve columns of long names on 80 columns (the demo's breakdown) once printed ``13…``:
+    text wraps between words, and what still does not fit runs past the width."""
+    wide = Table("parts", tuple(Column(f"communication_part_{i}_ms", "number") for i in range(12))
+                 + (Column("note"),), [tuple(123456.789 + i for i in range(12)) + ("two words",)])
+    text = to_terminal([wide], width=80)
+    assert "…" not in text
+    values = text.splitlines()[-1].split()
+    assert values[:12] == [f"{123456.789 + i:,.3f}" for i in range(12)]
+    assert all(f"communication_part_{i}_ms" in text for i in range(12))
+    narrow = Table("t", (Column("text"), Column("n", "number")), [("a sentence that wraps between words", 1.5)])
+    lines = to_terminal([narrow], width=20).splitlines()[4:]
+    assert max(map(len, lines)) <= 20 and lines[0].split()[-1] == "1.500"  # fits by wrapping the text
+    assert " ".join(" ".join(lines).replace("1.500", "").split()) == "a sentence that wraps between words"
+
+
 def test_markdown_escapes_and_aligns() -> None:
     text = to_markdown(TABLE, level=2)
     assert text.splitlines() == [

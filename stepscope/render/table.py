@@ -35,6 +35,9 @@ TERMINAL_WIDTH = 160
 """Width of terminal output when stdout is not a terminal (CI logs, files): wide enough that the
 comparison's tables do not wrap."""
 
+UNLIMITED_WIDTH = 1_000_000
+"""The width a table gets when it cannot fit the terminal's even with its text wrapped: its own."""
+
 
 @dataclass(frozen=True)
 class Column:
@@ -122,16 +125,32 @@ def terminal_width() -> int:
     return shutil.get_terminal_size((TERMINAL_WIDTH, 24)).columns
 
 
+def narrowest(table: Table) -> int:
+    """The least width ``table`` takes without losing a character: numbers whole, text wrapped
+    only between words (each column is as wide as its longest number or word, plus its padding
+    and the divider: three characters)."""
+
+    def least(column: Column, cells: list[str]) -> int:
+        words = [column.header, *cells] if column.numeric else (column.header + " " + " ".join(cells)).split()
+        return max((len(w) for w in words), default=0)
+
+    cells = table.cells()
+    return sum(least(c, [row[i] for row in cells]) + 3 for i, c in enumerate(table.columns))
+
+
 def to_terminal(tables: Iterable[Table], width: int | None = None) -> str:
     """Aligned plain text (no colour, ASCII rules), one table after another: title, ``=`` rule,
-    note, header, ``-`` rule, rows. Cells wrap when the tables are wider than ``width``."""
+    note, header, ``-`` rule, rows. Text cells wrap between words when the tables are wider than
+    ``width``; a table that cannot fit even so runs past ``width`` rather than cut a number or a
+    word short (a truncated figure misleads; a long line only wraps)."""
     from rich import box
     from rich.console import Console
     from rich.table import Table as RichTable
     from rich.text import Text
 
     rule = box.Box("    \n    \n -  \n    \n    \n -  \n    \n    \n", ascii=True)
-    console = Console(file=io.StringIO(), width=width or TERMINAL_WIDTH, color_system=None, highlight=False,
+    width = width or TERMINAL_WIDTH
+    console = Console(file=io.StringIO(), width=width, color_system=None, highlight=False,
                       emoji=False, markup=False, legacy_windows=False, soft_wrap=False)
     first = True
     for table in tables:
@@ -145,9 +164,11 @@ def to_terminal(tables: Iterable[Table], width: int | None = None) -> str:
             console.print(Text(table.note))
         if not table.rows:
             continue
+        console.width = width if narrowest(table) <= width else UNLIMITED_WIDTH
         out = RichTable(box=rule, show_edge=False, pad_edge=False, padding=(0, 1), header_style="")
         for column in table.columns:
-            out.add_column(Text(column.header), justify="right" if column.numeric else "left")
+            out.add_column(Text(column.header), justify="right" if column.numeric else "left",
+                           no_wrap=column.numeric)
         for row in table.cells():
             out.add_row(*(Text(cell) for cell in row))
         console.print(out)
