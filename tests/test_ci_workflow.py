@@ -29,7 +29,7 @@ import pytest
 from tests.conftest import REPO
 
 yaml = pytest.importorskip("yaml")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # judges fresh timings: runs alone
 
 BIN = Path(sys.executable).parent
 

@@ -24,7 +24,7 @@ from stepscope.store import open_store  # noqa: E402
 from tests.conftest import load_raw  # noqa: E402
 from tests.watch_support import WatchJob, run_job  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # judges fresh timings: runs alone
 
 WATCH = stepscope.Watch(slow_factor=4, min_slow_ms=100, warmup_steps=15, every=10, capture_steps=3,
                         max_per_hour=1, timeout_s=5)

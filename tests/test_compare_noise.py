@@ -57,6 +57,7 @@ def test_a_sample_run_never_fails_against_itself(twice_ingested: dict[str, tuple
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # judges fresh timings: runs alone
 def test_fresh_recordings_of_the_same_loop_never_fail(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     import stepscope

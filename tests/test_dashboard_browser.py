@@ -19,6 +19,8 @@ from tests._browser import Browser, find_chromium, free_port, wait_http
 from tests._dashboard_stores import build_sample_store
 from tests.conftest import REPO, SHARED_TRACES
 
+pytestmark = pytest.mark.serial  # judges timings: runs alone (see pyproject's markers)
+
 SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
 SHARED_RUNS = {
     "sampled": ["hta/trace_filter/sampled_rank-0.json.gz", "hta/trace_filter/sampled_rank-1.json.gz"],

@@ -9,6 +9,8 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+pytestmark = pytest.mark.serial  # judges fresh timings: runs alone (pyproject markers)
+
 TEST_FILE = """
 import os, time, pathlib, pytest, torch
 model = torch.nn.Linear(16, 16)
