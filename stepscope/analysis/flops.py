@@ -1,0 +1,383 @@
+"""FLOPs per op, per step and per op family, achieved TFLOP/s, and MFU against the device's peak.
+
+Per rank, from the rank's own events (docs/ANALYSIS.md, "FLOPs and MFU"):
+
+- **Which ops count.** Candidates are the CPU ops of a FLOP family
+  (:data:`stepscope.analysis.flop_formulas.FLOP_OPS`). An op's FLOPs come from its recorded
+  shapes (:func:`~stepscope.analysis.flop_formulas.op_flops`), else from the trace's own
+  ``flops`` arg (``with_flops=True`` in torch versions that export it). An op with FLOPs is
+  counted unless an enclosing op on the same thread has FLOPs too: each product once, at the
+  outermost op that knows it. Wrappers (``aten::linear``, ``aten::matmul``) have no formula,
+  so the leaves they call count; the flash kernel's own op inside
+  ``aten::_scaled_dot_product_flash_attention`` does not count twice.
+- **dtype**: the op's first input whose ``Input type`` is an element type
+  (:func:`stepscope.analysis.peaks.torch_dtype`).
+- **Time of a family**: on a GPU rank, the summed duration of the compute kernels launched
+  while its counted ops ran (launch on the op's thread, inside the op); on a CPU-only rank, the
+  summed duration of the counted ops themselves. ``achieved_tflops = flops / time``.
+- **Per step**: ``flops`` of the counted ops of the step (by the step of the op's CPU start),
+  ``step_ns`` the step window (:func:`stepscope.analysis.breakdown.step_windows`),
+  ``achieved_tflops = flops / step_ns``. ``ideal_ns = sum over the ops of flops / peak(dtype)``
+  (what the products would take at the device's dense peak); ``mfu = ideal_ns / step_ns``;
+  ``peak_tflops = flops / ideal_ns`` (the peak of the dtype, or the FLOP-weighted harmonic mean
+  of the dtypes' peaks when a step mixes them); ``dtype`` the dtype carrying most of the FLOPs.
+  Absent with the reason on CPU-only ranks, unknown devices and dtypes without a peak.
+
+Recomputed forward ops (activation checkpointing) ran, so they count: on such runs the figure
+is closer to hardware FLOPs than to model FLOPs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+
+from stepscope.analysis._local import local_sql
+from stepscope.analysis._sql import rank_filter
+from stepscope.analysis.absent import NO_STEPS, Absent, Maybe
+from stepscope.analysis.breakdown import step_windows
+from stepscope.analysis.cache import cached_frame
+from stepscope.analysis.flop_formulas import FAMILIES, FLOP_OPS, NoFigure, OpArgs, op_flops
+from stepscope.analysis.peaks import DevicePeak, device_peak, peak_dtype, torch_dtype
+from stepscope.analysis.sections import SQLStore, section
+
+FLOPS_PER_NS_PER_TFLOPS = 1e3
+"""1 TFLOP/s = 1e12 FLOP / 1e9 ns = 1e3 FLOP per ns."""
+
+OPS_SCHEMA = pa.schema([
+    ("rank", pa.int64()), ("step", pa.int64()), ("source", pa.string()), ("pid", pa.int64()),
+    ("tid", pa.int64()), ("name", pa.string()), ("family", pa.string()), ("ts_ns", pa.int64()),
+    ("dur_ns", pa.int64()), ("flops", pa.int64()), ("flops_source", pa.string()), ("dtype", pa.string()),
+    ("counted", pa.bool_()), ("reason", pa.string()),
+])
+"""One row per candidate op: its FLOPs (null when unknown), where they came from (``shapes`` or
+``kineto``), whether it is counted, and why not (``reason``)."""
+
+NO_FLOP_OPS = ("no matrix product, convolution or attention op with recorded shapes in this run's traces "
+               "(profile with record_shapes=True)")
+CPU_ONLY = "CPU-only rank: MFU is measured against an accelerator's dense peak, and this rank has none"
+
+
+def _decoded(args: str | None) -> dict[str, Any]:
+    if not args:
+        return {}
+    try:
+        doc = msgspec.json.decode(args)
+    except msgspec.DecodeError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _dtype(types: Sequence[Any]) -> str | None:
+    return next((d for d in (torch_dtype(t) if isinstance(t, str) else None for t in types) if d), None)
+
+
+def _figure(name: str, doc: dict[str, Any]) -> tuple[int | None, str | None, str | None]:
+    """(flops, flops_source, reason) of one op from its decoded args."""
+    args = OpArgs(doc.get("Input Dims") or [], doc.get("Input type") or [], doc.get("Concrete Inputs") or [])
+    try:
+        return op_flops(name, args), "shapes", None
+    except NoFigure as exc:
+        reason = str(exc)
+    kineto = doc.get("flops")
+    if isinstance(kineto, int) and not isinstance(kineto, bool) and kineto > 0:
+        return kineto, "kineto", None
+    return None, None, reason
+
+
+@cached_frame("flop_ops")
+def flop_ops(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
+    """Every candidate op of the run with its FLOPs and whether it is counted (:data:`OPS_SCHEMA`,
+    module docs), plus ``gpu_ns``/``kernels``: the compute kernels each counted op launched."""
+    rf, extra = rank_filter(ranks)
+    rows = store.sql(f"""
+        SELECT rank, step, source::VARCHAR AS source, pid, tid, name, ts_ns, dur_ns, args
+        FROM events
+        WHERE run = $run AND kind = 'cpu_op' AND dur_ns IS NOT NULL AND ts_ns IS NOT NULL
+          AND list_contains($names, name) AND {rf}
+        ORDER BY rank, source, pid, tid, ts_ns, dur_ns DESC
+    """, {"run": run, "names": list(FLOP_OPS), **extra}).to_pylist()
+    out: dict[str, list[Any]] = {field.name: [] for field in OPS_SCHEMA}
+    thread: tuple[Any, ...] | None = None
+    open_ops: list[tuple[int, str]] = []  # (end_ns, name) of the enclosing ops that have FLOPs
+    for row in rows:
+        key = (row["rank"], row["source"], row["pid"], row["tid"])
+        if key != thread:
+            thread, open_ops = key, []
+        start, end = row["ts_ns"], row["ts_ns"] + row["dur_ns"]
+        while open_ops and open_ops[-1][0] <= start:
+            open_ops.pop()
+        doc = _decoded(row["args"])
+        flops, flops_source, reason = _figure(row["name"], doc)
+        counted = flops is not None
+        if counted and open_ops and end <= open_ops[-1][0]:
+            counted, reason = False, f"inside {open_ops[-1][1]}, which counts these products"
+        if flops is not None:
+            open_ops.append((end, row["name"]))
+        for column, value in (("family", FLOP_OPS[row["name"]].family), ("flops", flops),
+                              ("flops_source", flops_source), ("dtype", _dtype(doc.get("Input type") or [])),
+                              ("counted", counted), ("reason", reason)):
+            out[column].append(value)
+        for column in ("rank", "step", "source", "pid", "tid", "name", "ts_ns", "dur_ns"):
+            out[column].append(row[column])
+    ops = pa.table(out, schema=OPS_SCHEMA)
+    return _with_kernel_time(store, run, ranks, ops)
+
+
+def _with_kernel_time(store: SQLStore, run: str, ranks: Sequence[int] | None, ops: pa.Table) -> pa.Table:
+    """Add ``gpu_ns`` and ``kernels``: compute kernels whose launch ran on a counted op's thread
+    inside the op (null on ops not counted and on ranks without kernels)."""
+    rf, extra = rank_filter(ranks, "k.rank")
+    launches = store.sql(f"""
+        SELECT k.rank, l.source::VARCHAR AS source, l.pid, l.tid, l.ts_ns AS launch_ns, k.dur_ns
+        FROM events k JOIN events l
+          ON l.run = $run AND l.rank = k.rank AND l.source = k.source AND l.correlation = k.correlation
+         AND l.kind IN ('cuda_runtime', 'cuda_driver')
+        WHERE k.run = $run AND k.kind = 'kernel' AND k.category = 'compute' AND k.dur_ns IS NOT NULL AND {rf}
+    """, {"run": run, **extra})
+    return local_sql("""
+        WITH c AS (SELECT row_number() OVER () AS op_id, * FROM ops),
+        hit AS (
+          SELECT c.op_id, sum(l.dur_ns)::BIGINT AS gpu_ns, count(*) AS kernels
+          FROM launches l ASOF JOIN (SELECT * FROM c WHERE counted) c
+            ON c.rank = l.rank AND c.source = l.source AND c.pid = l.pid AND c.tid = l.tid
+           AND l.launch_ns >= c.ts_ns
+          WHERE l.launch_ns <= c.ts_ns + c.dur_ns
+          GROUP BY c.op_id
+        ),
+        gpu_ranks AS (SELECT DISTINCT rank FROM launches)
+        SELECT c.* EXCLUDE (op_id),
+               CASE WHEN c.counted AND c.rank IN (SELECT rank FROM gpu_ranks) THEN coalesce(h.gpu_ns, 0) END AS gpu_ns,
+               CASE WHEN c.counted AND c.rank IN (SELECT rank FROM gpu_ranks) THEN coalesce(h.kernels, 0) END AS kernels
+        FROM c LEFT JOIN hit h USING (op_id)
+        ORDER BY c.rank, c.ts_ns, c.source, c.pid, c.tid
+    """, ops=ops, launches=launches)
+
+
+# ---- per step and per family ----
+
+
+@dataclass(frozen=True)
+class Device:
+    """What a rank ran on: the trace's device name, its peak row, and whether it has GPU kernels."""
+
+    name: str | None
+    peak: DevicePeak | None
+    gpu: bool
+
+    def absence(self) -> str | None:
+        """Why this rank has no peak, or None."""
+        if not self.gpu:
+            return CPU_ONLY
+        if self.name is None:
+            return "the trace records no device name (no deviceProperties): its peak is unknown"
+        if self.peak is None:
+            return f"no dense peak known for {self.name!r} (the table in stepscope.analysis.peaks)"
+        return None
+
+
+def rank_devices(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> dict[int, Device]:
+    """Per rank: its device (name, peak row, GPU work present)."""
+    rf, extra = rank_filter(ranks, "s.rank")
+    rows = store.sql(f"""
+        SELECT s.rank, any_value(s.gpu_name) AS gpu_name,
+               EXISTS (SELECT 1 FROM events e WHERE e.run = $run AND e.rank = s.rank AND e.kind = 'kernel') AS gpu
+        FROM sources s WHERE s.run = $run AND {rf} GROUP BY s.rank
+    """, {"run": run, **extra}).to_pylist()
+    return {r["rank"]: Device(r["gpu_name"], device_peak(r["gpu_name"]), bool(r["gpu"])) for r in rows}
+
+
+@dataclass(frozen=True)
+class Ideal:
+    """Time the FLOPs would take at peak, or why it cannot be had."""
+
+    ns: float | None
+    reason: str | None
+    peak_dtype: str | None
+
+
+def ideal_time(device: Device, flops_by_dtype: dict[str | None, int]) -> Ideal:
+    """``sum flops / peak(dtype)`` in ns over the dtypes of some ops (module docs)."""
+    reason = device.absence()
+    if reason:
+        return Ideal(None, reason, None)
+    assert device.peak is not None
+    ns = 0.0
+    columns = set()
+    for dtype, flops in flops_by_dtype.items():
+        column = peak_dtype(device.peak, dtype)
+        if column is None:
+            what = dtype or "an unknown dtype"
+            return Ideal(None, f"no {what} peak for {device.peak.device} in the peak table", None)
+        columns.add(column)
+        ns += flops / (device.peak.tflops[column] * FLOPS_PER_NS_PER_TFLOPS)
+    return Ideal(ns, None, "+".join(sorted(columns)) or None)
+
+
+def _shapes_recorded(store: SQLStore, run: str, ranks: Sequence[int] | None) -> set[int]:
+    rf, extra = rank_filter(ranks)
+    rows = store.sql(f"""
+        SELECT DISTINCT rank FROM events
+        WHERE run = $run AND kind = 'cpu_op' AND args LIKE '%"Input Dims"%' AND {rf}
+    """, {"run": run, **extra}).to_pylist()
+    return {r["rank"] for r in rows}
+
+
+def mfu_steps(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
+    """Per rank and step: FLOPs (all and per family), step time, achieved TFLOP/s, peak, MFU.
+
+    Columns: ``rank, step, flops, matmul_flops, conv_flops, attention_flops, step_ns,
+    achieved_tflops, ideal_ns, peak_tflops, peak_dtype, dtype, mfu, device, absent_reason``
+    (why ``peak_tflops``/``mfu``/``ideal_ns`` are null). Ranks without recorded shapes have no
+    rows; the result is :class:`Absent` when no rank has both shapes and steps.
+    """
+    ops = flop_ops(store, run, ranks)
+    recorded = _shapes_recorded(store, run, ranks)
+    if ops.num_rows == 0 and not recorded:
+        return Absent(NO_FLOP_OPS)
+    windows = step_windows(store, run, ranks)
+    per_dtype = local_sql(f"""
+        SELECT w.rank, w.step, w.dur_ns AS step_ns, o.dtype, {", ".join(
+            f"coalesce(sum(o.flops) FILTER (WHERE o.family = '{f}'), 0)::BIGINT AS {f}_flops" for f in FAMILIES)},
+               coalesce(sum(o.flops), 0)::BIGINT AS flops
+        FROM windows w LEFT JOIN (SELECT * FROM ops WHERE counted) o ON o.rank = w.rank AND o.step = w.step
+        WHERE list_contains($recorded, w.rank)
+        GROUP BY ALL ORDER BY w.rank, w.step
+    """, {"recorded": sorted(recorded)}, ops=ops, windows=windows).to_pylist()
+    if not per_dtype:
+        return Absent(NO_STEPS)
+    devices = rank_devices(store, run, ranks)
+    return pa.Table.from_pylist(list(_step_rows(per_dtype, devices)), schema=MFU_SCHEMA)
+
+
+MFU_SCHEMA = pa.schema([
+    ("rank", pa.int64()), ("step", pa.int64()), ("flops", pa.int64()),
+    *[(f"{f}_flops", pa.int64()) for f in FAMILIES], ("step_ns", pa.int64()),
+    ("achieved_tflops", pa.float64()), ("ideal_ns", pa.float64()), ("peak_tflops", pa.float64()),
+    ("peak_dtype", pa.string()), ("dtype", pa.string()), ("mfu", pa.float64()), ("device", pa.string()),
+    ("absent_reason", pa.string()),
+])
+
+
+def _step_rows(per_dtype: list[dict[str, Any]], devices: dict[int, Device]) -> Iterator[dict[str, Any]]:
+    """One row per (rank, step) from the rows per (rank, step, dtype)."""
+    steps: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for row in per_dtype:
+        steps.setdefault((row["rank"], row["step"]), []).append(row)
+    for (rank, step), parts in steps.items():
+        device = devices.get(rank, Device(None, None, False))
+        by_dtype = {p["dtype"]: p["flops"] for p in parts if p["flops"]}
+        flops = sum(by_dtype.values())
+        step_ns = parts[0]["step_ns"]
+        ideal = ideal_time(device, by_dtype)
+        peak = flops / ideal.ns / FLOPS_PER_NS_PER_TFLOPS if ideal.ns else None
+        reason = ideal.reason
+        if reason is None and not flops:
+            reason = "no FLOPs counted in this step: no peak to relate them to"
+        yield {
+            "rank": rank, "step": step, "flops": flops,
+            **{f"{f}_flops": sum(p[f"{f}_flops"] for p in parts) for f in FAMILIES},
+            "step_ns": step_ns,
+            "achieved_tflops": flops / step_ns / FLOPS_PER_NS_PER_TFLOPS if step_ns else None,
+            "ideal_ns": ideal.ns if peak is not None else None,
+            "peak_tflops": peak, "peak_dtype": ideal.peak_dtype if peak is not None else None,
+            "dtype": max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else None,
+            "mfu": ideal.ns / step_ns if peak is not None and step_ns else None,
+            "device": device.name, "absent_reason": reason if peak is None else None,
+        }
+
+
+def flops_by_family(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
+    """Per rank and family, over the whole trace: counted ops, FLOPs, their time (GPU kernels on a
+    GPU rank, the ops' own CPU time otherwise: ``time_source``), achieved TFLOP/s, the dtype's
+    peak and the fraction of it reached (``of_peak``), and the ops of the family not counted
+    for want of shapes (``uncounted_ops``; nested and wrapper ops are not among them)."""
+    ops = flop_ops(store, run, ranks)
+    if ops.num_rows == 0:
+        return Absent(NO_FLOP_OPS)
+    families = local_sql("""
+        SELECT rank, family, dtype,
+               count(*) FILTER (WHERE counted) AS ops,
+               count(*) FILTER (WHERE flops IS NULL AND reason NOT LIKE 'a wrapper%') AS uncounted_ops,
+               coalesce(sum(flops) FILTER (WHERE counted), 0)::BIGINT AS flops,
+               sum(dur_ns) FILTER (WHERE counted)::BIGINT AS cpu_ns,
+               sum(gpu_ns) FILTER (WHERE counted)::BIGINT AS gpu_ns,
+               sum(kernels) FILTER (WHERE counted)::BIGINT AS kernels
+        FROM ops GROUP BY ALL ORDER BY rank, family, dtype NULLS LAST
+    """, ops=ops).to_pylist()
+    devices = rank_devices(store, run, ranks)
+    return pa.Table.from_pylist(list(_family_rows(families, devices)), schema=FAMILY_SCHEMA)
+
+
+FAMILY_SCHEMA = pa.schema([
+    ("rank", pa.int64()), ("family", pa.string()), ("ops", pa.int64()), ("uncounted_ops", pa.int64()),
+    ("flops", pa.int64()), ("kernels", pa.int64()), ("time_ns", pa.int64()), ("time_source", pa.string()),
+    ("achieved_tflops", pa.float64()), ("peak_tflops", pa.float64()), ("of_peak", pa.float64()),
+    ("dtype", pa.string()), ("absent_reason", pa.string()),
+])
+
+
+def _family_rows(rows: list[dict[str, Any]], devices: dict[int, Device]) -> Iterator[dict[str, Any]]:
+    grouped: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        grouped.setdefault((row["rank"], row["family"]), []).append(row)
+    for (rank, family), parts in grouped.items():
+        device = devices.get(rank, Device(None, None, False))
+        by_dtype = {p["dtype"]: p["flops"] for p in parts if p["flops"]}
+        flops = sum(by_dtype.values())
+        gpu = device.gpu
+        time_ns = sum(p["gpu_ns"] or 0 for p in parts) if gpu else sum(p["cpu_ns"] or 0 for p in parts)
+        ideal = ideal_time(device, by_dtype)
+        peak = flops / ideal.ns / FLOPS_PER_NS_PER_TFLOPS if ideal.ns else None
+        achieved = flops / time_ns / FLOPS_PER_NS_PER_TFLOPS if time_ns else None
+        reasons = [r for r in (ideal.reason if peak is None else None,
+                               "no time measured for these ops" if achieved is None and flops else None) if r]
+        yield {
+            "rank": rank, "family": family, "ops": sum(p["ops"] for p in parts),
+            "uncounted_ops": sum(p["uncounted_ops"] for p in parts), "flops": flops,
+            "kernels": sum(p["kernels"] or 0 for p in parts) if gpu else None,
+            "time_ns": time_ns, "time_source": "gpu_kernels" if gpu else "cpu_ops",
+            "achieved_tflops": achieved, "peak_tflops": peak,
+            "of_peak": achieved / peak if achieved is not None and peak else None,
+            "dtype": max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else None,
+            "absent_reason": "; ".join(reasons) or None,
+        }
+
+
+# ---- summary sections ----
+
+MFU_KEYS = ("rank", "step", "flops", *(f"{f}_flops" for f in FAMILIES), "step_ns", "achieved_tflops",
+            "peak_tflops", "dtype", "mfu", "peak_dtype", "ideal_ns", "device")
+"""Keys of each ``mfu`` item (docs/SUMMARY_JSON.md); the first eleven are the issue's contract."""
+
+_PEAK_KEYS = ("peak_tflops", "mfu", "peak_dtype", "ideal_ns")
+
+
+def _with_reasons(row: dict[str, Any], keys: Sequence[str], absent_keys: Sequence[str]) -> dict[str, Any]:
+    """``row`` restricted to ``keys``; the null ``absent_keys`` become :class:`Absent` with the row's reason."""
+    reason = row.get("absent_reason")
+    return {k: Absent(reason) if k in absent_keys and row[k] is None and reason else row[k] for k in keys}
+
+
+@section("mfu", order=55, to_json=lambda t: [_with_reasons(r, MFU_KEYS, _PEAK_KEYS) for r in t.to_pylist()])
+def mfu_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe[pa.Table]:
+    """Per rank and step: model FLOPs (matmul, convolution, attention), achieved TFLOP/s, and
+    MFU against the device's dense peak for the dtype."""
+    return mfu_steps(store, run, ranks)
+
+
+FAMILY_KEYS = ("rank", "family", "ops", "uncounted_ops", "flops", "kernels", "time_ns", "time_source",
+               "achieved_tflops", "peak_tflops", "of_peak", "dtype")
+
+
+@section("flops_by_family", order=56,
+         to_json=lambda t: [_with_reasons(r, FAMILY_KEYS, ("peak_tflops", "of_peak", "achieved_tflops"))
+                            for r in t.to_pylist()])
+def flops_by_family_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe[pa.Table]:
+    """Per rank and op family (matmul, conv, attention): FLOPs, the time of their kernels (or
+    ops, on CPU), achieved TFLOP/s and the fraction of the dtype's peak."""
+    return flops_by_family(store, run, ranks)
