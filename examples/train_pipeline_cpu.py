@@ -64,7 +64,7 @@ class PipelineRun:
     layers_per_stage: int = 1
     max_grad_norm: float = 1.0
     slow_stage: int | None = None
-    slow_factor: int = 32
+    slow_factor: int = 64
     trace_dir: str | None = None
 
 
@@ -200,7 +200,7 @@ def main() -> None:
     parser.add_argument("--active", type=int, default=1)
     parser.add_argument("--slow-stage", type=int, default=None,
                         help="give this stage (index among all stages) extra products")
-    parser.add_argument("--slow-factor", type=int, default=32,
+    parser.add_argument("--slow-factor", type=int, default=64,
                         help="width of the extra product, in multiples of the model width")
     parser.add_argument("--trace-dir", default=None, help="also keep the exported Kineto JSON here")
     args = parser.parse_args()
