@@ -338,3 +338,34 @@ def test_peak_table_unknowns() -> None:
     assert device_peak(None) is None
     v100 = device_peak("Tesla V100-SXM2-32GB")
     assert v100 is not None and peak_dtype(v100, "bfloat16") is None  # no bfloat16 tensor cores
+
+
+# ---- the finding ----
+
+def test_low_mfu_finding_on_a100_trace(ingested: Callable[[str], Path]) -> None:
+    """trace_diff/control: compute kernels take ~60% of every step, the products would need
+    2.2 ms of it at peak: MFU 2.9%; their kernels are 13.8 of the 46.9 ms of compute (embedding
+    and elementwise kernels are the rest), so the advice is about the rest, not TF32 (the
+    products already run above FP32's 19.5 TFLOP/s)."""
+    store = open_store(ingested("hta/trace_diff/control/control.json.gz"))
+    doc = build_summary(store, "t")
+    found = [f for f in doc["findings"] if f["rule"] == "mfu.low"]
+    assert len(found) == 1
+    finding = found[0]
+    steps = {r["step"]: r for r in doc["ranks"][0]["steps"]}
+    rows = doc["mfu"]
+    stake = sum(steps[r["step"]]["compute_ns"] - r["ideal_ns"] for r in rows) / len(rows)
+    assert finding["evidence"]["time_at_stake_ns"] == round(stake)
+    assert finding["evidence"]["ranks"] == [3] and finding["evidence"]["steps"] == 6
+    assert "MFU 2.9% on rank 3" in finding["message"] and "outside the matrix products" in finding["message"]
+    assert "TF32" not in finding["message"]
+
+
+def test_no_low_mfu_finding_when_not_compute_bound(ingested: Callable[[str], Path], tmp_path: Path) -> None:
+    """resnet_act_checkpoint: MFU 0.2-0.6% but compute is a third of the step (communication
+    dominates): not a compute-bound step, no finding. CPU runs have no MFU, so no finding."""
+    doc = build_summary(open_store(ingested("tracelens/mi300/resnet_act_checkpoint.json.gz")), "t")
+    assert all(r["mfu"] < 0.01 for r in doc["mfu"])
+    assert not [f for f in doc["findings"] if f["rule"] == "mfu.low"]
+    cpu = build_summary(_store([SAMPLES / "cpu-transformer"], tmp_path / "s"), "r")
+    assert not [f for f in cpu["findings"] if f["rule"] == "mfu.low"]

@@ -41,8 +41,11 @@ from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.absent import NO_STEPS, Absent, Maybe
 from stepscope.analysis.breakdown import step_windows
 from stepscope.analysis.cache import cached_frame
+from stepscope.analysis.findings import Finding, Results, Severity, rule
 from stepscope.analysis.flop_formulas import FAMILIES, FLOP_OPS, NoFigure, OpArgs, op_flops
+from stepscope.analysis.parts import COMPUTE
 from stepscope.analysis.peaks import DevicePeak, device_peak, peak_dtype, torch_dtype
+from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore, section
 
 FLOPS_PER_NS_PER_TFLOPS = 1e3
@@ -231,8 +234,9 @@ def mfu_steps(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> 
     """Per rank and step: FLOPs (all and per family), step time, achieved TFLOP/s, peak, MFU.
 
     Columns: ``rank, step, flops, matmul_flops, conv_flops, attention_flops, step_ns,
-    achieved_tflops, ideal_ns, peak_tflops, peak_dtype, dtype, mfu, device, absent_reason``
-    (why ``peak_tflops``/``mfu``/``ideal_ns`` are null). Ranks without recorded shapes have no
+    achieved_tflops, ideal_ns, peak_tflops, peak_dtype, dtype, mfu, device, kernel_ns`` (the
+    summed duration of the kernels the step's counted ops launched; null on CPU-only ranks),
+    ``absent_reason`` (why ``peak_tflops``/``mfu``/``ideal_ns`` are null). Ranks without recorded shapes have no
     rows; the result is :class:`Absent` when no rank has both shapes and steps.
     """
     ops = flop_ops(store, run, ranks)
@@ -243,7 +247,7 @@ def mfu_steps(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> 
     per_dtype = local_sql(f"""
         SELECT w.rank, w.step, w.dur_ns AS step_ns, o.dtype, {", ".join(
             f"coalesce(sum(o.flops) FILTER (WHERE o.family = '{f}'), 0)::BIGINT AS {f}_flops" for f in FAMILIES)},
-               coalesce(sum(o.flops), 0)::BIGINT AS flops
+               coalesce(sum(o.flops), 0)::BIGINT AS flops, sum(o.gpu_ns)::BIGINT AS kernel_ns
         FROM windows w LEFT JOIN (SELECT * FROM ops WHERE counted) o ON o.rank = w.rank AND o.step = w.step
         WHERE list_contains($recorded, w.rank)
         GROUP BY ALL ORDER BY w.rank, w.step
@@ -259,7 +263,7 @@ MFU_SCHEMA = pa.schema([
     *[(f"{f}_flops", pa.int64()) for f in FAMILIES], ("step_ns", pa.int64()),
     ("achieved_tflops", pa.float64()), ("ideal_ns", pa.float64()), ("peak_tflops", pa.float64()),
     ("peak_dtype", pa.string()), ("dtype", pa.string()), ("mfu", pa.float64()), ("device", pa.string()),
-    ("absent_reason", pa.string()),
+    ("kernel_ns", pa.int64()), ("absent_reason", pa.string()),
 ])
 
 
@@ -287,7 +291,9 @@ def _step_rows(per_dtype: list[dict[str, Any]], devices: dict[int, Device]) -> I
             "peak_tflops": peak, "peak_dtype": ideal.peak_dtype if peak is not None else None,
             "dtype": max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else None,
             "mfu": ideal.ns / step_ns if peak is not None and step_ns else None,
-            "device": device.name, "absent_reason": reason if peak is None else None,
+            "device": device.name,
+            "kernel_ns": sum(p["kernel_ns"] or 0 for p in parts) if device.gpu else None,
+            "absent_reason": reason if peak is None else None,
         }
 
 
@@ -351,7 +357,7 @@ def _family_rows(rows: list[dict[str, Any]], devices: dict[int, Device]) -> Iter
 # ---- summary sections ----
 
 MFU_KEYS = ("rank", "step", "flops", *(f"{f}_flops" for f in FAMILIES), "step_ns", "achieved_tflops",
-            "peak_tflops", "dtype", "mfu", "peak_dtype", "ideal_ns", "device")
+            "peak_tflops", "dtype", "mfu", "peak_dtype", "ideal_ns", "device", "kernel_ns")
 """Keys of each ``mfu`` item (docs/SUMMARY_JSON.md); the first eleven are the issue's contract."""
 
 _PEAK_KEYS = ("peak_tflops", "mfu", "peak_dtype", "ideal_ns")
@@ -381,3 +387,79 @@ def flops_by_family_section(store: SQLStore, run: str, ranks: Sequence[int] | No
     """Per rank and op family (matmul, conv, attention): FLOPs, the time of their kernels (or
     ops, on CPU), achieved TFLOP/s and the fraction of the dtype's peak."""
     return flops_by_family(store, run, ranks)
+
+
+# ---- the finding ----
+
+MFU_LOW = 0.30
+"""MFU below this (30% of the dense peak) while the step is compute-bound is worth a look."""
+COMPUTE_BOUND_SHARE = 0.5
+"""A step is compute-bound when compute kernels run (alone) for at least half of its window."""
+MFU_MIN_STAKE_NS = 1_000_000
+"""Less than 1 ms per step of compute above what peak would need is not a finding."""
+
+
+def low_mfu_findings(mfu: pa.Table, breakdown: pa.Table, families: pa.Table | Absent) -> Iterator[Finding]:
+    """Per rank: median MFU under :data:`MFU_LOW` over its compute-bound steps (module docs);
+    the time at stake is the compute time above what the products would need at peak."""
+    compute = {(r["rank"], r["step"]): r for r in breakdown.to_pylist()}
+    by_rank: dict[int, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for row in mfu.to_pylist():
+        step = compute.get((row["rank"], row["step"]))
+        if row["mfu"] is None or step is None or not step["dur_ns"]:
+            continue
+        if step[COMPUTE.column] >= COMPUTE_BOUND_SHARE * step["dur_ns"]:
+            by_rank.setdefault(row["rank"], []).append((row, step))
+    fam = {} if isinstance(families, Absent) else {(r["rank"], r["family"]): r for r in families.to_pylist()}
+    for rank, pairs in sorted(by_rank.items()):
+        value = median([row["mfu"] for row, _ in pairs])
+        stake = round(sum(step[COMPUTE.column] - row["ideal_ns"] for row, step in pairs) / len(pairs))
+        if value >= MFU_LOW or stake < MFU_MIN_STAKE_NS:
+            continue
+        row = pairs[0][0]
+        compute_ns = sum(step[COMPUTE.column] for _, step in pairs) / len(pairs)
+        share = compute_ns / (sum(step["dur_ns"] for _, step in pairs) / len(pairs))
+        ideal_ns = sum(r["ideal_ns"] for r, _ in pairs) / len(pairs)
+        kernel_ns = sum(r["kernel_ns"] or 0 for r, _ in pairs) / len(pairs)
+        rates = [f"{f} at {fam[(rank, f)]['of_peak']:.0%} of peak" for f in FAMILIES
+                 if (rank, f) in fam and fam[(rank, f)]["of_peak"] is not None and fam[(rank, f)]["flops"]]
+        advice = _advice(row, kernel_ns / compute_ns if compute_ns else 0.0, fam.get((rank, "matmul")))
+        yield Finding(
+            Severity.WARNING, "mfu.low",
+            f"MFU {value:.1%} on rank {rank} (median of {len(pairs)} compute-bound steps, compute {share:.0%} of the "
+            f"step): the products would need {ideal_ns / 1e6:.1f} ms per step at the {row['device']}'s dense "
+            f"{row['peak_dtype']} peak ({row['peak_tflops']:.0f} TFLOP/s); compute takes {compute_ns / 1e6:.1f} ms, "
+            f"of which their kernels {kernel_ns / 1e6:.1f} ms" + (f" ({', '.join(rates)})" if rates else "")
+            + f": {advice}",
+            {"rank": rank, "ranks": [rank], "time_at_stake_ns": stake, "mfu_median": round(value, 4),
+             "steps": len(pairs), "compute_share": round(share, 4), "ideal_ns": round(ideal_ns),
+             "compute_ns": round(compute_ns), "kernel_ns": round(kernel_ns), "dtype": row["dtype"],
+             "peak_tflops": row["peak_tflops"],
+             "device": row["device"]},
+        )
+
+
+def _advice(row: dict[str, Any], products_share: float, matmul: dict[str, Any] | None) -> str:
+    """What the numbers point at: compute outside the products, float32 without TF32, or slow products."""
+    if products_share < 0.5:
+        return ("most compute is outside the matrix products (embedding lookups, elementwise ops, normalisation: "
+                "memory-bound kernels, see the top kernels), so MFU cannot be high until those shrink")
+    device = device_peak(row["device"])
+    fp32 = device.tflops.get("fp32") if device else None
+    if (row["dtype"] == "float32" and matmul and matmul["achieved_tflops"] is not None and fp32
+            and matmul["achieved_tflops"] <= fp32):
+        return ("float32 products at FP32 rate: allow TF32 (torch.set_float32_matmul_precision('high')) or "
+                "train in bfloat16")
+    return "the products run far below peak: small or oddly shaped matrices (grow the batch, dimensions in multiples of 64)"
+
+
+@rule("mfu.low", needs=("mfu", "ranks"))
+def mfu_low(results: Results) -> Iterator[Finding]:
+    """MFU under 30% of the device's dense peak while compute kernels take at least half of the
+    step: the time at stake is the compute time above what the products would need at peak."""
+    ranks = results["ranks"]
+    breakdown = getattr(ranks, "breakdown", None)
+    mfu = results["mfu"]
+    if not isinstance(breakdown, pa.Table) or not isinstance(mfu, pa.Table):
+        return
+    yield from low_mfu_findings(mfu, breakdown, results.get("flops_by_family", Absent("not computed")))
