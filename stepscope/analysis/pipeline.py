@@ -321,6 +321,18 @@ def ideal_fraction(schedule: str, stages: int, microbatches: int, per_rank: int 
 
 # ---- the analysis ----
 
+STAGE_SCHEMA = pa.schema([
+    ("rank", pa.int64()), ("stage", pa.int64()), ("step", pa.int64()), ("start_ns", pa.int64()),
+    ("end_ns", pa.int64()), ("step_ns", pa.int64()), ("busy_ns", pa.int64()), ("fill_ns", pa.int64()),
+    ("wait_ns", pa.int64()), ("drain_ns", pa.int64()), ("bubble_ns", pa.int64()), ("bubble_fraction", pa.float64()),
+    ("order", pa.string()),
+])
+SPAN_SCHEMA = pa.schema([
+    ("rank", pa.int64()), ("step", pa.int64()), ("microbatch", pa.int64()), ("kind", pa.string()),
+    ("stage", pa.int64()), ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("busy_ns", pa.int64()),
+    ("offset_ns", pa.int64()),
+])
+
 
 @dataclass(frozen=True)
 class PipelineResult:
@@ -339,6 +351,31 @@ class PipelineResult:
         """Bubble over step time, summed over every stage and step."""
         total = sum(s.step_ns for s in self.stages)
         return sum(s.bubble_ns for s in self.stages) / total if total else None
+
+    def stage_table(self) -> pa.Table:
+        """One row per stage and step: ``rank, stage, step, start_ns, end_ns, step_ns, busy_ns,
+        fill_ns, wait_ns, drain_ns, bubble_ns, bubble_fraction, order``."""
+        return pa.Table.from_pylist([
+            {"rank": s.rank, "stage": s.stage, "step": s.step, "start_ns": s.start_ns, "end_ns": s.end_ns,
+             "step_ns": s.step_ns, "busy_ns": s.busy_ns, "fill_ns": s.fill_ns, "wait_ns": s.wait_ns,
+             "drain_ns": s.drain_ns, "bubble_ns": s.bubble_ns,
+             "bubble_fraction": s.bubble_ns / s.step_ns if s.step_ns else None, "order": s.order}
+            for s in self.stages], schema=STAGE_SCHEMA)
+
+    def span_table(self) -> pa.Table:
+        """One row per microbatch span: ``rank, step, microbatch, kind, stage, start_ns, end_ns,
+        busy_ns, offset_ns`` (``start_ns`` minus the step's earliest window start over the
+        pipeline's stages: a common time origin for a timeline)."""
+        origin: dict[tuple[int, int], int] = {}
+        for pipe in self.pipelines:
+            for s in self.stages:
+                if s.rank in pipe.ranks:
+                    key = (pipe.ranks[0], s.step)
+                    origin[key] = min(origin.get(key, s.start_ns), s.start_ns)
+        head = {r: p.ranks[0] for p in self.pipelines for r in p.ranks}
+        return pa.Table.from_pylist([
+            {"rank": s.rank, "step": s.step, **span, "offset_ns": span["start_ns"] - origin[(head[s.rank], s.step)]}
+            for s in self.stages for span in s.spans], schema=SPAN_SCHEMA)
 
 
 def pipeline_analysis(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[PipelineResult]:
