@@ -196,29 +196,54 @@ def rank_devices(store: SQLStore, run: str, ranks: Sequence[int] | None = None) 
 
 @dataclass(frozen=True)
 class Ideal:
-    """Time the FLOPs would take at peak, or why it cannot be had."""
+    """Some ops' FLOPs, the dtype carrying most of them, and the time they would take at peak
+    (``ns``; None with ``reason`` when there is no peak)."""
 
+    flops: int
+    dtype: str | None
     ns: float | None
     reason: str | None
     peak_dtype: str | None
 
+    @property
+    def peak_tflops(self) -> float | None:
+        """``flops / ns``: the dtype's peak, or the FLOP-weighted harmonic mean of several."""
+        return tflops(self.flops, self.ns) if self.ns else None
+
+
+def tflops(flops: float, ns: float | None) -> float | None:
+    """FLOPs over nanoseconds in TFLOP/s; None without a time."""
+    return flops / ns / FLOPS_PER_NS_PER_TFLOPS if ns else None
+
 
 def ideal_time(device: Device, flops_by_dtype: dict[str | None, int]) -> Ideal:
     """``sum flops / peak(dtype)`` in ns over the dtypes of some ops (module docs)."""
+    flops_by_dtype = {d: f for d, f in flops_by_dtype.items() if f}
+    flops = sum(flops_by_dtype.values())
+    dtype = max(flops_by_dtype, key=lambda d: flops_by_dtype[d]) if flops_by_dtype else None
     reason = device.absence()
+    if reason is None and not flops:
+        reason = "no FLOPs counted: no peak to relate them to"
     if reason:
-        return Ideal(None, reason, None)
+        return Ideal(flops, dtype, None, reason, None)
     assert device.peak is not None
     ns = 0.0
     columns = set()
-    for dtype, flops in flops_by_dtype.items():
-        column = peak_dtype(device.peak, dtype)
+    for op_dtype, op_flops in flops_by_dtype.items():
+        column = peak_dtype(device.peak, op_dtype)
         if column is None:
-            what = dtype or "an unknown dtype"
-            return Ideal(None, f"no {what} peak for {device.peak.device} in the peak table", None)
+            return Ideal(flops, dtype, None, f"no {op_dtype or 'unknown dtype'} peak for {device.peak.device} "
+                         "in the peak table", None)
         columns.add(column)
-        ns += flops / (device.peak.tflops[column] * FLOPS_PER_NS_PER_TFLOPS)
-    return Ideal(ns, None, "+".join(sorted(columns)) or None)
+        ns += op_flops / (device.peak.tflops[column] * FLOPS_PER_NS_PER_TFLOPS)
+    return Ideal(flops, dtype, ns, None, "+".join(sorted(columns)))
+
+
+def _grouped(rows: list[dict[str, Any]], *keys: str) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    out: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(tuple(row[k] for k in keys), []).append(row)
+    return out
 
 
 def _shapes_recorded(store: SQLStore, run: str, ranks: Sequence[int] | None) -> set[int]:
@@ -269,31 +294,21 @@ MFU_SCHEMA = pa.schema([
 
 def _step_rows(per_dtype: list[dict[str, Any]], devices: dict[int, Device]) -> Iterator[dict[str, Any]]:
     """One row per (rank, step) from the rows per (rank, step, dtype)."""
-    steps: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    for row in per_dtype:
-        steps.setdefault((row["rank"], row["step"]), []).append(row)
-    for (rank, step), parts in steps.items():
+    for (rank, step), parts in _grouped(per_dtype, "rank", "step").items():
         device = devices.get(rank, Device(None, None, False))
-        by_dtype = {p["dtype"]: p["flops"] for p in parts if p["flops"]}
-        flops = sum(by_dtype.values())
+        ideal = ideal_time(device, {p["dtype"]: p["flops"] for p in parts})
         step_ns = parts[0]["step_ns"]
-        ideal = ideal_time(device, by_dtype)
-        peak = flops / ideal.ns / FLOPS_PER_NS_PER_TFLOPS if ideal.ns else None
-        reason = ideal.reason
-        if reason is None and not flops:
-            reason = "no FLOPs counted in this step: no peak to relate them to"
+        peak = ideal.peak_tflops
         yield {
-            "rank": rank, "step": step, "flops": flops,
+            "rank": rank, "step": step, "flops": ideal.flops,
             **{f"{f}_flops": sum(p[f"{f}_flops"] for p in parts) for f in FAMILIES},
-            "step_ns": step_ns,
-            "achieved_tflops": flops / step_ns / FLOPS_PER_NS_PER_TFLOPS if step_ns else None,
-            "ideal_ns": ideal.ns if peak is not None else None,
-            "peak_tflops": peak, "peak_dtype": ideal.peak_dtype if peak is not None else None,
-            "dtype": max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else None,
-            "mfu": ideal.ns / step_ns if peak is not None and step_ns else None,
+            "step_ns": step_ns, "achieved_tflops": tflops(ideal.flops, step_ns),
+            "ideal_ns": ideal.ns if peak is not None else None, "peak_tflops": peak,
+            "peak_dtype": ideal.peak_dtype if peak is not None else None, "dtype": ideal.dtype,
+            "mfu": ideal.ns / step_ns if peak is not None and ideal.ns and step_ns else None,
             "device": device.name,
             "kernel_ns": sum(p["kernel_ns"] or 0 for p in parts) if device.gpu else None,
-            "absent_reason": reason if peak is None else None,
+            "absent_reason": ideal.reason if peak is None else None,
         }
 
 
@@ -328,29 +343,22 @@ FAMILY_SCHEMA = pa.schema([
 
 
 def _family_rows(rows: list[dict[str, Any]], devices: dict[int, Device]) -> Iterator[dict[str, Any]]:
-    grouped: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    for row in rows:
-        grouped.setdefault((row["rank"], row["family"]), []).append(row)
-    for (rank, family), parts in grouped.items():
+    """One row per (rank, family) from the rows per (rank, family, dtype)."""
+    for (rank, family), parts in _grouped(rows, "rank", "family").items():
         device = devices.get(rank, Device(None, None, False))
-        by_dtype = {p["dtype"]: p["flops"] for p in parts if p["flops"]}
-        flops = sum(by_dtype.values())
-        gpu = device.gpu
-        time_ns = sum(p["gpu_ns"] or 0 for p in parts) if gpu else sum(p["cpu_ns"] or 0 for p in parts)
-        ideal = ideal_time(device, by_dtype)
-        peak = flops / ideal.ns / FLOPS_PER_NS_PER_TFLOPS if ideal.ns else None
-        achieved = flops / time_ns / FLOPS_PER_NS_PER_TFLOPS if time_ns else None
+        ideal = ideal_time(device, {p["dtype"]: p["flops"] for p in parts})
+        time_ns = sum(p["gpu_ns" if device.gpu else "cpu_ns"] or 0 for p in parts)
+        achieved, peak = tflops(ideal.flops, time_ns), ideal.peak_tflops
         reasons = [r for r in (ideal.reason if peak is None else None,
-                               "no time measured for these ops" if achieved is None and flops else None) if r]
+                               "no time measured for these ops" if achieved is None and ideal.flops else None) if r]
         yield {
             "rank": rank, "family": family, "ops": sum(p["ops"] for p in parts),
-            "uncounted_ops": sum(p["uncounted_ops"] for p in parts), "flops": flops,
-            "kernels": sum(p["kernels"] or 0 for p in parts) if gpu else None,
-            "time_ns": time_ns, "time_source": "gpu_kernels" if gpu else "cpu_ops",
+            "uncounted_ops": sum(p["uncounted_ops"] for p in parts), "flops": ideal.flops,
+            "kernels": sum(p["kernels"] or 0 for p in parts) if device.gpu else None,
+            "time_ns": time_ns, "time_source": "gpu_kernels" if device.gpu else "cpu_ops",
             "achieved_tflops": achieved, "peak_tflops": peak,
             "of_peak": achieved / peak if achieved is not None and peak else None,
-            "dtype": max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else None,
-            "absent_reason": "; ".join(reasons) or None,
+            "dtype": ideal.dtype, "absent_reason": "; ".join(reasons) or None,
         }
 
 
