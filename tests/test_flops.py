@@ -15,7 +15,7 @@ import pytest
 
 from stepscope.analysis.absent import Absent
 from stepscope.analysis.flop_formulas import causal_pairs
-from stepscope.analysis.flops import CPU_ONLY, NO_FLOP_OPS, flop_ops, flops_by_family, mfu_steps
+from stepscope.analysis.flops import CPU_ONLY, NO_SHAPES, flop_ops, flops_by_family, mfu_steps
 from stepscope.analysis.peaks import device_peak, peak_dtype
 from stepscope.analysis.summary import build_summary
 from stepscope.store import open_store
@@ -244,11 +244,15 @@ def test_unknown_device_has_no_mfu(ingested: Callable[[str], Path]) -> None:
 
 
 def test_no_shapes_is_absent(make_trace: Callable[..., Path], tmp_path: Path) -> None:
-    trace = make_trace("rank0.json", [
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::relu", "pid": 1, "tid": 1, "ts": 10, "dur": 5},
-    ])
-    assert mfu_steps(_store([trace], tmp_path / "s"), "r") == Absent(NO_FLOP_OPS)
+    """A matmul without Input Dims (record_shapes off) gives no FLOPs: the section is absent; with
+    shapes but no product in the step, the step has 0 FLOPs (a fact) and no MFU (a reason)."""
+    step = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100}
+    bare = make_trace("rank0.json", [step, {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1,
+                                            "ts": 10, "dur": 5}])
+    assert mfu_steps(_store([bare], tmp_path / "a"), "r") == Absent(NO_SHAPES)
+    shaped = make_trace("rank1.json", [step, _op("aten::relu", 10, 5, [[4, 4]])])
+    row = mfu_steps(_store([shaped], tmp_path / "b"), "r").to_pylist()[0]
+    assert (row["flops"], row["mfu"]) == (0, None) and row["absent_reason"] == CPU_ONLY
 
 
 # ---- op kinds with no real trace here, and the counting rule, on built traces ----

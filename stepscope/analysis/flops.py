@@ -62,6 +62,7 @@ OPS_SCHEMA = pa.schema([
 
 NO_FLOP_OPS = ("no matrix product, convolution or attention op with recorded shapes in this run's traces "
                "(profile with record_shapes=True)")
+NO_SHAPES = "the traces of this run record no shapes (Input Dims): profile with record_shapes=True"
 CPU_ONLY = "CPU-only rank: MFU is measured against an accelerator's dense peak, and this rank has none"
 
 
@@ -264,10 +265,10 @@ def mfu_steps(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> 
     ``absent_reason`` (why ``peak_tflops``/``mfu``/``ideal_ns`` are null). Ranks without recorded shapes have no
     rows; the result is :class:`Absent` when no rank has both shapes and steps.
     """
-    ops = flop_ops(store, run, ranks)
     recorded = _shapes_recorded(store, run, ranks)
-    if ops.num_rows == 0 and not recorded:
-        return Absent(NO_FLOP_OPS)
+    if not recorded:
+        return Absent(NO_SHAPES)
+    ops = flop_ops(store, run, ranks)
     windows = step_windows(store, run, ranks)
     per_dtype = local_sql(f"""
         SELECT w.rank, w.step, w.dur_ns AS step_ns, o.dtype, {", ".join(
