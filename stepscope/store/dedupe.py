@@ -34,7 +34,8 @@ from typing import Iterator
 import msgspec
 import pyarrow.parquet as pq
 
-from stepscope.store.writer import part_path, temporary_path
+from stepscope.store.atomic import write_text_atomic
+from stepscope.store.writer import part_path
 
 try:
     import fcntl
@@ -112,11 +113,7 @@ def overlapping(root: Path, run: str, rank: int, start_ns: int | None,
 
 def record_content(root: Path, run: str, content: str, rank: int, source: str) -> None:
     """Enter a just committed trace in the run's content index (atomically)."""
-    entry = _index_entry(root, run, content)
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_path(entry)
-    tmp.write_text(f"{rank} {source}\n")
-    os.replace(tmp, entry)
+    write_text_atomic(_index_entry(root, run, content), f"{rank} {source}\n")
 
 
 @contextlib.contextmanager

@@ -192,6 +192,11 @@ def ingest_trace_file(
     tables = convert(trace, source, progress)
     del trace.events[:]
     same, clash = _conflicts(root, rid, source, trace.content_sha256, resolved, tables)
+    if clash is not None:
+        # A commit in progress shows its sources part before its content-index entry: decide a
+        # clash under the lock, where every commit is whole (it may be this very trace).
+        with dedupe.commit_lock(root):
+            same, clash = _conflicts(root, rid, source, trace.content_sha256, resolved, tables)
     if same is not None:
         return _skipped(path, rid, same, source, resolved, how)
     if clash is not None:
