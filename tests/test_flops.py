@@ -21,6 +21,7 @@ from stepscope.analysis.summary import build_summary
 from stepscope.store import open_store
 from stepscope.store.ingest import ingest_paths
 from tests._intervals import load_trace, to_ns
+from tests.conftest import load_raw
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 
@@ -74,7 +75,7 @@ def test_matmul_family_on_a100_trace(ingested: Callable[[str], Path], shared_tra
     (wrappers) never counted; the first bmm checked by hand."""
     path = "hta/trace_diff/control/control.json.gz"
     ops = flop_ops(open_store(ingested(path)), "t")
-    raw = load_trace(shared_traces / path)
+    raw = load_raw(shared_traces / path)
     for name, formula, a, b in (("aten::mm", hand_mm, 0, 1), ("aten::addmm", hand_mm, 1, 2),
                                 ("aten::bmm", hand_bmm, 0, 1)):
         expected = sorted(formula(e["args"]["Input Dims"][a], e["args"]["Input Dims"][b])
@@ -92,7 +93,7 @@ def test_convolutions_on_mi300_trace(ingested: Callable[[str], Path], shared_tra
     counted again."""
     path = "tracelens/mi300/resnet_act_checkpoint.json.gz"
     ops = flop_ops(open_store(ingested(path)), "t")
-    raw = load_trace(shared_traces / path)
+    raw = load_raw(shared_traces / path)
     forward = []
     for e in _cpu_ops(raw, "aten::convolution"):
         dims, concrete = e["args"]["Input Dims"], e["args"]["Concrete Inputs"]
@@ -118,7 +119,7 @@ def test_flash_attention_on_mi300_inference_trace(ingested: Callable[[str], Path
     the wrapper and the flash kernel's own op below it are not."""
     path = "tracelens/inference/xdit_sd_3.5/profile_trace_rank_0.json.gz"
     ops = flop_ops(open_store(ingested(path)), "t")
-    raw = load_trace(shared_traces / path)
+    raw = load_raw(shared_traces / path)
     expected = []
     for e in _cpu_ops(raw, "aten::_scaled_dot_product_flash_attention"):
         dims, concrete = e["args"]["Input Dims"], e["args"]["Concrete Inputs"]
@@ -144,7 +145,7 @@ def test_cpu_traces_matmul_and_cpu_flash_attention(folder: str, tmp_path: Path) 
     families = {(r["rank"], r["family"]): r for r in flops_by_family(store, "r").to_pylist()}
     for trace_path in sorted((SAMPLES / folder).glob("rank*.pt.trace.json.gz")):
         rank = int(trace_path.name[4:].split(".")[0])
-        raw = load_trace(trace_path)
+        raw = load_raw(trace_path)
         mine = flop_ops(store, "r", [rank])
         matmul = [hand_mm(e["args"]["Input Dims"][0], e["args"]["Input Dims"][1]) for e in _cpu_ops(raw, "aten::mm")]
         matmul += [hand_mm(e["args"]["Input Dims"][1], e["args"]["Input Dims"][2]) for e in _cpu_ops(raw, "aten::addmm")]

@@ -285,3 +285,15 @@ def test_gpu_pipeline_on_kernel_time(make_trace: Callable[..., Path], tmp_path: 
         ("forward", 105), ("forward", 145), ("backward", 175), ("backward", 275)]
     assert rows[1].busy_ns == 120_000 + 50_000
     assert rows[1].fill_ns == 105_000
+
+
+def test_summary_text_shows_bubbles_beside_the_ideal_and_the_slow_stage(pp_store: Any) -> None:
+    from stepscope.commands.summary import render_table
+
+    doc = build_summary(pp_store, "pp-1f1b-3stages-slow")
+    text = render_table(doc, 200)
+    assert "pipeline: 1f1b, 3 stages, 4 microbatches" in text
+    assert "ideal bubble" in text and "33.3%" in text and "76.7%" in text
+    stage1 = next(line for line in text.splitlines() if line.startswith("1 ") and "FFBFBFBB" in line)
+    assert "51.4%" in stage1 and "+18 pts" in stage1
+    assert "stage 1 (rank 1) is busy" in " ".join(text.split())

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stepscope.commands._section_blocks import SECTION_BLOCKS
 from stepscope.errors import UsageError
 from stepscope.render.table import Table, terminal_width, to_markdown, to_terminal
 
@@ -170,7 +171,7 @@ def blocks(doc: dict[str, Any]) -> Iterator[Block]:
         if value is None:
             yield (key, ["absent"], [[doc.get("absent_reasons", {}).get(key, "")]])
         else:
-            yield from _generic_blocks(key, value)
+            yield from SECTION_BLOCKS.get(key, _generic_blocks)(key, value)
     findings = doc.get("findings") or []
     yield ("findings", ["severity", "rule", "finding"],
            [[f["severity"], f["rule"], f["message"]] for f in findings] or [["-", "-", "no findings"]])
