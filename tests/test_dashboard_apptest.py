@@ -344,3 +344,42 @@ def test_overview_plots_every_timed_step(tmp_path: Path, monkeypatch: pytest.Mon
     shown = table_with(at, "step", "wall_ms", "profiled")
     assert sorted(shown["step"]) == list(range(12))
     assert sorted(shown["wall_ms"]) == [50.0 + s for s in range(12)]
+
+
+def test_runs_page_lists_captures_next_to_the_schedule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run with a scheduled window (steps 3-4) and a capture (steps 51-53) on both ranks: the
+    Runs page lists both, the capture with the trigger its ``captures`` rows hold."""
+    import pyarrow as pa
+
+    from stepscope.store.schema import CAPTURES
+    from stepscope.store.writer import write_partition
+    from tests.conftest import write_trace
+
+    def trace(path: Path, rank: int, steps: range) -> Path:
+        events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "ts": 1000 * s,
+                   "dur": 900, "pid": 1, "tid": 1} for s in steps]
+        events += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1000 * s + 10, "dur": 500,
+                    "pid": 1, "tid": 1} for s in steps]
+        return write_trace(path, events, distributedInfo={"rank": rank, "world_size": 2, "backend": "gloo"})
+
+    root = tmp_path / "store"
+    for folder, steps in (("schedule", range(3, 5)), ("capture", range(51, 54))):
+        files = [trace(tmp_path / folder / f"rank{r}.json", r, steps) for r in (0, 1)]
+        report = ingest_paths(files, root, "watched")
+        assert report.ok, report.errors
+        if folder == "capture":
+            for stored in report.stored:
+                row = {"source": stored.source, "first_step": 51, "last_step": 53, "trigger_kind": "slow_step",
+                       "trigger_rank": 1, "trigger_step": 40, "observed_ns": 187_500_000,
+                       "reference_ns": 37_500_000, "agreed_step": 49}
+                write_partition(root, "captures", "watched", stored.rank, stored.source,
+                                pa.Table.from_pylist([row], schema=CAPTURES))
+    at = open_page(root, "runs", monkeypatch)
+    assert_clean(at)
+    shown = table_with(at, "kind", "first_step", "trigger_rank").to_dict("records")
+    assert [(r["kind"], r["first_step"], r["last_step"], r["ranks"]) for r in shown] == [
+        ("schedule", 3, 4, 2), ("capture", 51, 53, 2)]
+    capture = shown[1]
+    assert (capture["trigger_kind"], capture["trigger_rank"], capture["trigger_step"]) == ("slow_step", 1, 40)
+    assert (capture["observed_ms"], capture["reference_ms"], capture["slow_ratio"]) == (187.5, 37.5, 5.0)
+    assert capture["latency_steps"] == 11

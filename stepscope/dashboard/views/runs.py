@@ -1,4 +1,5 @@
-"""Runs: every run in the store with its metadata, and each rank's trace for Perfetto."""
+"""Runs: every run in the store with its metadata, its profiled windows (the schedule and the
+watch's captures with their triggers), and each rank's trace for Perfetto."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import gzip
 
 import streamlit as st
 
+from stepscope.analysis.windows import profiled_windows
 from stepscope.dashboard._data import context
-from stepscope.dashboard._view import data_table
+from stepscope.dashboard._view import data_table, frame, ns_to_ms, shown
 
 ctx = context()
 st.title("Runs")
@@ -17,6 +19,15 @@ ORDER = ["run", "ranks", "events", "first_step", "last_step", "world_size", "bac
          "created_at", "name", "trace_schema_version", "tags"]
 runs = ctx.runs[[c for c in ORDER if c in ctx.runs.columns]].rename(columns={"name": "run name"})
 data_table(runs, keep_run=True)
+
+st.subheader(f"Profiled windows of {ctx.run}")
+st.caption("The scheduled window and every capture the watch triggered (`stepscope.profile(..., "
+           "watch=True)`), with what was slow: `observed` against `reference` (the rank's rolling "
+           "median, or the other ranks' median for a straggler), and `latency_steps` from the slow "
+           "step to the first captured one.")
+windows = ctx.analysis(profiled_windows)
+if shown(windows, "Profiled windows"):
+    data_table(ns_to_ms(frame(windows)))
 
 st.subheader(f"Traces of {ctx.run}")
 st.caption("Each rank's trace, to open in [Perfetto](https://ui.perfetto.dev): the file it was "
