@@ -297,3 +297,13 @@ def test_summary_text_shows_bubbles_beside_the_ideal_and_the_slow_stage(pp_store
     stage1 = next(line for line in text.splitlines() if line.startswith("1 ") and "FFBFBFBB" in line)
     assert "51.4%" in stage1 and "+18 pts" in stage1
     assert "stage 1 (rank 1) is busy" in " ".join(text.split())
+
+
+def test_transfers_without_peers_say_so(make_trace: Callable[..., Path], tmp_path: Path) -> None:
+    from stepscope.analysis.pipeline_stages import NO_PEERS
+
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+              {"ph": "X", "cat": "cpu_op", "name": "c10d::send", "pid": 1, "tid": 1, "ts": 10, "dur": 5}]
+    report = ingest_paths([make_trace("rank0.json", events)], tmp_path / "s", "old")
+    assert report.ok
+    assert pipeline_analysis(open_store(tmp_path / "s"), "old") == Absent(NO_PEERS)

@@ -37,6 +37,8 @@ ACTION = r"^PP:(\d+)([FBIW])(\d+)$"
 """A compute action of torch's runtime schedules: stage, kind, microbatch."""
 
 NO_P2P = "no point-to-point transfers (c10d::send / c10d::recv_) between traced ranks: no pipeline parallelism seen"
+NO_PEERS = ("the point-to-point transfers record no peer rank (Concrete Inputs: torch >= 2.1 with record_shapes=True): "
+            "the stages cannot be ordered")
 
 
 @cached_frame("pipeline_transfers")
@@ -85,9 +87,10 @@ def pipelines(transfers: pa.Table, traced: Sequence[int],
     ``first_stage``: the lowest stage each rank's schedule annotations name; a group of ranks
     that all have one is ordered by it (an interleaved pipeline's traffic is a ring)."""
     first_stage = first_stage or {}
-    rows = [r for r in transfers.to_pylist() if r["peer"] is not None]
+    everything = transfers.to_pylist()
+    rows = [r for r in everything if r["peer"] is not None]
     if not rows:
-        return Absent(NO_P2P)
+        return Absent(NO_PEERS if everything else NO_P2P)
     edges: dict[int, set[int]] = {}
     for r in rows:
         edges.setdefault(r["rank"], set()).add(r["peer"])
