@@ -17,6 +17,8 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
+from stepscope.analysis.summary import build_summary  # noqa: E402
+from stepscope.render.units import duration  # noqa: E402
 from stepscope.store import open_store  # noqa: E402
 from stepscope.store.ingest import ingest_paths  # noqa: E402
 from tests._dashboard_stores import build_sample_store  # noqa: E402
@@ -125,11 +127,18 @@ def test_overview_shows_the_step_breakdown(shared_store: Path, monkeypatch: pyte
     assert list(shown["step"]) == list(expected["step"])
     for part in ("compute", "comm_exposed", "memcpy_d2d_exposed", "idle", "dur"):
         assert list(shown[f"{part}_ms"]) == list(expected[f"{part}_ns"] / 1e6)
-    busy = next(m for m in at.metric if m.label == "GPU busy (ms)")
-    assert busy.value == f"{totals['gpu_busy_ns'] / 1e6:,.2f}"
-    assert len(at.get("vega_lite_chart")) >= 2
+    assert table_with(at, "gpu_busy_ms")["gpu_busy_ms"].iloc[0] == totals["gpu_busy_ns"] / 1e6
+    assert len(at.get("vega_lite_chart")) >= 3  # the step timeline and the two breakdown charts
+    # the verdict first: what bounds the step, as the summary's verdict says
+    with open_store(shared_store) as store:
+        verdict = build_summary(store, "dfir")["verdict"]
+    assert [m.label for m in at.metric] == [f"{b['label']} ({100 * b['share']:.1f}%)" for b in verdict["bound_by"]]
+    assert [m.value for m in at.metric] == [duration(b["ns"]) for b in verdict["bound_by"]]
+    assert f"Median step {duration(verdict['step_ns'])}" in at.markdown[0].value
     messages = [e.label for e in at.expander]
-    assert any("all_reduce in backward exposed" in m for m in messages)  # the comm.exposed finding
+    assert any("communication transfers exposed" in m and "mostly all_reduce in backward" in m for m in messages)
+    first = next(m for m in messages if "·" in m)
+    assert first.startswith(f"**{duration(verdict['findings'][0]['time_at_stake_ns'])}/step")
 
 
 @pytest.mark.shared
@@ -166,7 +175,8 @@ def test_communication_counts_collectives(shared_store: Path, shared_traces: Pat
     with open_store(shared_store) as store:
         skew = arrival_skew(store, "sampled").to_pandas()
     heatmap = next(c for c in at.get("vega_lite_chart") if '"mark":{"type":"rect"' in c.proto.spec.replace(" ", ""))
-    assert heatmap is not None and len(skew) == 2  # one cell per rank x collective
+    # one cell per rank x collective: the all-gathers and all-reduces matched on both ranks
+    assert heatmap is not None and len(skew) == 4 and set(skew["collective"]) == {"all_gather", "all_reduce"}
     shown_skew = table_with(at, "mean_late_ms", "max_late_ms")
     assert list(shown_skew["mean_late_ms"]) == list(skew["mean_late_ns"] / 1e6)
 

@@ -21,9 +21,16 @@ def rank_filter(ranks: Sequence[int] | None, column: str = "rank") -> tuple[str,
     return f"list_contains($ranks::INTEGER[], {column})", {"ranks": [int(r) for r in ranks]}
 
 
-CLASS_BITS = 16
-"""Bits per class in the packed running count: up to 65,535 intervals of one class active at
-once on one rank (a GPU runs at most a few hundred kernels concurrently)."""
+def sql_list(values: Sequence[str]) -> str:
+    """``('a', 'b')``: a SQL list literal of names the code itself defines (never user input)."""
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
+
+
+CLASS_BITS = 15
+"""Bits per class in the packed running count: up to 32,767 intervals of one class active at
+once on one rank (a GPU runs at most a few hundred kernels concurrently). Eight classes fit the
+120 bits: the GPU's seven and the waits the step timeline (:mod:`stepscope.analysis.timeline`)
+adds."""
 
 
 def sweep_ctes(n_classes: int, *, iv: str = "iv", win: str = "win") -> str:
