@@ -227,7 +227,27 @@ def test_summary_json_contract(pp_store: Any) -> None:
         assert {"rank", "stage", "step", "busy_ns", "bubble_ns", "fill_ns", "drain_ns", "wait_ns",
                 "bubble_fraction"} <= set(row)
         assert len(row["microbatches"]) == 8
-    assert [f["rule"] for f in doc["findings"] if f["rule"] == "pipeline.bubble"] == ["pipeline.bubble"]
+    assert list(pipe)[:5] == ["schedule", "stages_count", "microbatches", "ideal_fraction", "measured_fraction"]
+    assert list(pipe["stages"][0])[:9] == ["rank", "stage", "step", "busy_ns", "bubble_ns", "fill_ns", "drain_ns",
+                                           "wait_ns", "bubble_fraction"]
+    bubble = [f for f in doc["findings"] if f["rule"] == "pipeline.bubble"]
+    assert len(bubble) == 1 and bubble[0]["ranks"] == [1]
+    slow = pipe["stages"][1]
+    assert bubble[0]["time_at_stake_ns"] == bubble[0]["evidence"]["extra_busy_ns"] > 0.3 * slow["step_ns"]
+
+
+def test_slow_stage_leads_the_verdict(pp_store: Any) -> None:
+    """The slow stage is the cause: pipeline.bubble comes first among the findings, on the first
+    screen; comm.exposed does not claim the stages' sends and receives (they wait for stage 1)."""
+    from stepscope.commands.summary import render_table
+
+    doc = build_summary(pp_store, "pp-1f1b-3stages-slow")
+    assert doc["verdict"]["findings"][0]["rule"] == "pipeline.bubble"
+    exposed = [f for f in doc["findings"] if f["rule"] == "comm.exposed"]
+    assert all("recv" not in f["message"] and "left out" in f["message"] for f in exposed)
+    first_screen = render_table(doc, 200).split("per rank and per section")[0]
+    first = next(line for line in first_screen.splitlines() if line.startswith("1 "))
+    assert "stage 1 (rank 1)" in first
 
 
 def test_no_pipeline_is_absent(tmp_path: Path) -> None:
@@ -291,7 +311,7 @@ def test_summary_text_shows_bubbles_beside_the_ideal_and_the_slow_stage(pp_store
     from stepscope.commands.summary import render_table
 
     doc = build_summary(pp_store, "pp-1f1b-3stages-slow")
-    text = render_table(doc, 200)
+    text = render_table(doc, 200, ("pipeline",))
     assert "pipeline: 1f1b, 3 stages, 4 microbatches" in text
     assert "ideal bubble" in text and "33.3%" in text and "76.7%" in text
     stage1 = next(line for line in text.splitlines() if line.startswith("1 ") and "FFBFBFBB" in line)

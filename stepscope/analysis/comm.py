@@ -44,6 +44,7 @@ from stepscope.analysis.matching import POINT_TO_POINT, clock_offsets, collectiv
 from stepscope.analysis.overlap import COMPUTE_KERNELS_SQL, hidden_ctes
 from stepscope.analysis.parts import COMM_EXPOSED, COMMUNICATION_OPS, COMPUTE, COMPUTE_OPS, HOST, PEER_WAITS
 from stepscope.analysis.phase import gpu_phase_ctes
+from stepscope.analysis.pipeline import PipelineResult
 from stepscope.analysis.quantiles import median, median_sql
 from stepscope.analysis.sections import SQLStore, section
 from stepscope.render.units import duration
@@ -532,6 +533,28 @@ def _exposed_transfer(ranks: object) -> dict[int, tuple[float, float, bool]]:
     return out
 
 
+def _pipeline_stage_shares(results: Results, comm: CommResult) -> dict[int, float]:
+    """Per rank that is a pipeline stage: the share of its exposed communication that is not
+    point-to-point (by the collectives' exposed time). A stage's sends and receives to its
+    neighbours mostly wait for them: that time is the pipeline's bubble (``pipeline.bubble``)."""
+    pipe = results.get("pipeline")
+    if not isinstance(pipe, PipelineResult):
+        return {}
+    stage_ranks = {r for p in pipe.pipelines for r in p.ranks}
+    totals: dict[int, list[float]] = {}
+    for row in comm.by_collective.to_pylist():
+        if row["rank"] in stage_ranks:
+            total = totals.setdefault(row["rank"], [0.0, 0.0])
+            total[0] += row["exposed_ns"] or 0
+            total[1] += 0 if row["collective"] in POINT_TO_POINT else row["exposed_ns"] or 0
+    return {rank: rest / whole if whole else 1.0 for rank, (whole, rest) in totals.items()}
+
+
+def _without_p2p(collectives: str | None) -> str | None:
+    kinds = [c for c in (collectives or "").split(", ") if c and c not in POINT_TO_POINT]
+    return ", ".join(kinds) or None
+
+
 def _group(rows: list[dict]) -> dict[int, list[dict]]:
     out: dict[int, list[dict]] = {}
     for row in rows:
@@ -551,10 +574,14 @@ def exposed_rule(results: Results) -> Iterator[Finding]:
     assert isinstance(result, CommResult)
     exposed = _exposed_transfer(results["ranks"])
     contributors = _group(result.by_group_phase.to_pylist())
+    stages = _pipeline_stage_shares(results, result)
     items = []
     for rank, (per_step, pct, known) in exposed.items():
         rows = sorted((r for r in contributors.get(rank, []) if (r["exposed_transfer_ns"] or 0) > 0),
                       key=lambda r: -r["exposed_transfer_ns"])
+        if rank in stages:  # the transfers between stages are the pipeline's bubble, not poor overlap
+            per_step, pct = per_step * stages[rank], pct * stages[rank]
+            rows = [{**r, "collectives": _without_p2p(r["collectives"])} for r in rows]
         if pct < EXPOSED_PCT_WARN or per_step < MIN_STAKE_NS or not rows:
             continue
         total = sum(r["exposed_transfer_ns"] for r in rows)
@@ -568,6 +595,9 @@ def exposed_rule(results: Results) -> Iterator[Finding]:
                  for r in worst["rows"][:2]]
         message = (f"{ranks_phrase(ranks)}: communication transfers exposed for {duration(worst['per_step'])} per step "
                    f"({worst['pct']:.0f}% of the step), mostly {' and '.join(parts)}: overlap with compute is poor")
+        if worst["rank"] in stages:
+            message += ("; the point-to-point transfers between pipeline stages are left out (waiting for the "
+                        "neighbour stage: the pipeline's bubble, pipeline.bubble)")
         if not worst["known"]:
             message += ("; none of these collectives was matched with another traced rank's, so part of this may be "
                         "waiting for a peer, not transfer")

@@ -564,8 +564,8 @@ def _schedule_name(result: PipelineResult) -> str:
 
 
 def _finding(message: str, evidence: dict[str, Any], ranks: tuple[int, ...], stake: int) -> Finding:
-    return Finding(Severity.WARNING, "pipeline.bubble", message,
-                   {**evidence, "ranks": list(ranks), "time_at_stake_ns": stake})
+    return Finding(Severity.WARNING, "pipeline.bubble", message, {**evidence, "ranks": list(ranks)},
+                   ranks=ranks, time_at_stake_ns=stake)
 
 
 @rule("pipeline.bubble", needs=("pipeline",))
