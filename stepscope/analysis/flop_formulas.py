@@ -7,8 +7,8 @@ is 2 FLOPs. Definitions (docs/ANALYSIS.md, "FLOPs and MFU"):
 
 - **matmul** family: ``mm``, ``addmm``, ``_addmm_activation``, ``bmm``, ``baddbmm``, ``addbmm``,
   ``_scaled_mm``: ``2 x batch x m x k x n`` for ``[.., m, k] @ [.., k, n]`` (a bias adds no
-  product). The wrappers ``aten::linear`` and ``aten::matmul`` have no formula: the leaves they
-  call are counted.
+  product). The wrappers ``aten::linear`` (``2 x prod(input[:-1]) x k x n``) and
+  ``aten::matmul`` (torch's broadcasting) count only when no leaf inside them was recorded.
 - **conv** family: ``aten::convolution`` (every convolution passes through it; its backends
   below are not counted): ``2 x N x C_out x prod(out spatial) x C_in/groups x prod(kernel)``,
   the output size from stride, padding and dilation (``Concrete Inputs``); transposed: ``2 x N x
@@ -106,6 +106,28 @@ def matmul(a: int, b: int) -> Callable[[OpArgs], int]:
     return lambda args: _product(args.tensor(a), args.tensor(b))
 
 
+def linear(args: OpArgs) -> int:
+    """``aten::linear(input [.., k], weight [n, k], bias)``: ``2 x prod(input[:-1]) x k x n``."""
+    x, w = args.tensor(0), args.tensor(1, 2)
+    if x[-1] != w[1]:
+        raise NoFigure(f"input {x} and weight {w} do not share k")
+    return 2 * math.prod(x[:-1]) * w[1] * w[0]
+
+
+def broadcast_matmul(args: OpArgs) -> int:
+    """``aten::matmul(a, b)`` as torch defines it: a vector operand is a matrix of one row (``a``)
+    or one column (``b``); batch dimensions broadcast."""
+    a, b = args.tensor(0), args.tensor(1)
+    a2, b2 = (a if len(a) > 1 else [1, *a]), (b if len(b) > 1 else [*b, 1])
+    batch_a, batch_b = a2[:-2], b2[:-2]
+    width = max(len(batch_a), len(batch_b))
+    batch_a, batch_b = [1] * (width - len(batch_a)) + batch_a, [1] * (width - len(batch_b)) + batch_b
+    if any(x != y and 1 not in (x, y) for x, y in zip(batch_a, batch_b)):
+        raise NoFigure(f"batch dimensions of {a} and {b} do not broadcast")
+    batch = [max(x, y) for x, y in zip(batch_a, batch_b)]
+    return _product([*batch, *a2[-2:]], [*batch, *b2[-2:]])
+
+
 # ---- conv family ----
 
 
@@ -117,24 +139,50 @@ def _conv(x: list[int], w: list[int], out_spatial: list[int], transposed: bool) 
     return 2 * x[0] * math.prod(w) * math.prod(spatial)
 
 
-def convolution(args: OpArgs) -> int:
-    """``aten::convolution(input, weight, bias, stride, padding, dilation, transposed,
-    output_padding, groups)``."""
+def _batched(args: OpArgs) -> tuple[list[int], list[int]]:
     x, w = args.tensor(0), args.tensor(1)
     if len(x) < 3 or len(w) != len(x):
         raise NoFigure(f"input {x} and weight {w} are not a batched convolution")
+    return x, w
+
+
+def _direct_conv(args: OpArgs, x: list[int], w: list[int], padding: list[int]) -> int:
+    """A (non-transposed) convolution with stride at argument 3 and dilation at 5."""
     rank = len(x) - 2
-    transposed = args.flag(6)
-    if transposed is None:
-        raise NoFigure("transposed not recorded (Concrete Inputs)")
-    if transposed:
-        return _conv(x, w, [], True)
-    stride, padding, dilation = (args.ints(i, what, rank) for i, what in ((3, "stride"), (4, "padding"), (5, "dilation")))
+    stride, dilation = args.ints(3, "stride", rank), args.ints(5, "dilation", rank)
     out = [(size + 2 * p - d * (k - 1) - 1) // s + 1
            for size, k, s, p, d in zip(x[2:], w[2:], stride, padding, dilation)]
     if any(o <= 0 for o in out):
         raise NoFigure(f"output size {out} is empty")
     return _conv(x, w, out, False)
+
+
+def convolution(args: OpArgs) -> int:
+    """``aten::convolution(input, weight, bias, stride, padding, dilation, transposed,
+    output_padding, groups)``."""
+    x, w = _batched(args)
+    transposed = args.flag(6)
+    if transposed is None:
+        raise NoFigure("transposed not recorded (Concrete Inputs)")
+    if transposed:
+        return _conv(x, w, [], True)
+    return _direct_conv(args, x, w, args.ints(4, "padding", len(x) - 2))
+
+
+def conv_wrapper(args: OpArgs) -> int:
+    """``aten::conv<n>d(input, weight, bias, stride, padding, dilation, groups)``; ``padding``
+    may be ``"same"`` (output as large as the input, stride 1) or ``"valid"`` (none)."""
+    x, w = _batched(args)
+    padding = (args.text(4) or "").strip("'\"")
+    if padding == "same":
+        return _conv(x, w, x[2:], False)
+    return _direct_conv(args, x, w, [0] * (len(x) - 2) if padding == "valid" else args.ints(4, "padding", len(x) - 2))
+
+
+def conv_transpose_wrapper(args: OpArgs) -> int:
+    """``aten::conv_transpose<n>d(input, weight, ...)``: the count needs only the input and weight."""
+    x, w = _batched(args)
+    return _conv(x, w, [], True)
 
 
 def convolution_backward(args: OpArgs) -> int:
@@ -203,11 +251,14 @@ class Attention:
 
 @dataclass(frozen=True)
 class FlopOp:
-    """An op of a FLOP family. ``formula`` None: a wrapper whose own FLOPs are its leaves' (it is
-    counted only when the trace gives its ``flops`` arg and no leaf below it counts)."""
+    """An op of a FLOP family and its formula. ``leaf``: the op that does the products (mm,
+    addmm, bmm, baddbmm, convolution, the attention kernels' ops); a wrapper (``aten::linear``,
+    ``aten::matmul``, ``aten::conv2d``, ``aten::scaled_dot_product_attention``) calls leaves and
+    counts only when no leaf inside it was recorded (:mod:`stepscope.analysis.flops`)."""
 
     family: str
-    formula: Callable[[OpArgs], int] | None = None
+    formula: Callable[[OpArgs], int]
+    leaf: bool = True
 
 
 _FLASH = Attention(0, "bhle", causal=4)
@@ -219,17 +270,13 @@ FLOP_OPS: dict[str, FlopOp] = {
     "aten::baddbmm": FlopOp("matmul", matmul(1, 2)),
     "aten::addbmm": FlopOp("matmul", matmul(1, 2)),
     "aten::_scaled_mm": FlopOp("matmul", matmul(0, 1)),
-    "aten::linear": FlopOp("matmul"),
-    "aten::matmul": FlopOp("matmul"),
+    "aten::linear": FlopOp("matmul", linear, leaf=False),
+    "aten::matmul": FlopOp("matmul", broadcast_matmul, leaf=False),
     "aten::convolution": FlopOp("conv", convolution),
     "aten::convolution_backward": FlopOp("conv", convolution_backward),
-    "aten::conv1d": FlopOp("conv"),
-    "aten::conv2d": FlopOp("conv"),
-    "aten::conv3d": FlopOp("conv"),
-    "aten::conv_transpose1d": FlopOp("conv"),
-    "aten::conv_transpose2d": FlopOp("conv"),
-    "aten::conv_transpose3d": FlopOp("conv"),
-    "aten::scaled_dot_product_attention": FlopOp("attention"),
+    **{f"aten::conv{n}d": FlopOp("conv", conv_wrapper, leaf=False) for n in (1, 2, 3)},
+    **{f"aten::conv_transpose{n}d": FlopOp("conv", conv_transpose_wrapper, leaf=False) for n in (1, 2, 3)},
+    "aten::scaled_dot_product_attention": FlopOp("attention", Attention(0, "bhle", causal=5), leaf=False),
     "aten::_scaled_dot_product_flash_attention": FlopOp("attention", _FLASH),
     "aten::_scaled_dot_product_flash_attention_for_cpu": FlopOp("attention", _FLASH),
     "aten::_scaled_dot_product_efficient_attention": FlopOp("attention", Attention(0, "bhle", causal=6)),
@@ -254,7 +301,4 @@ FLOP_OPS: dict[str, FlopOp] = {
 
 def op_flops(name: str, args: OpArgs) -> int:
     """FLOPs of op ``name`` from its recorded arguments; :class:`NoFigure` when they do not say."""
-    op = FLOP_OPS[name]
-    if op.formula is None:
-        raise NoFigure("a wrapper: the ops it calls are counted")
-    return op.formula(args)
+    return FLOP_OPS[name].formula(args)

@@ -5,13 +5,18 @@ Per rank, from the rank's own events (docs/ANALYSIS.md, "FLOPs and MFU"):
 - **Which ops count.** Candidates are the CPU ops of a FLOP family
   (:data:`stepscope.analysis.flop_formulas.FLOP_OPS`). An op's FLOPs come from its recorded
   shapes (:func:`~stepscope.analysis.flop_formulas.op_flops`), else from the trace's own
-  ``flops`` arg (``with_flops=True`` in torch versions that export it). An op with FLOPs is
-  counted unless an enclosing op on the same thread has FLOPs too: each product once, at the
-  outermost op that knows it. Wrappers (``aten::linear``, ``aten::matmul``) have no formula,
-  so the leaves they call count; the flash kernel's own op inside
-  ``aten::_scaled_dot_product_flash_attention`` does not count twice.
+  ``flops`` arg (``with_flops=True`` in torch versions that export it). Each product is counted
+  once, at its **leaf**: the op that does it (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``,
+  ``aten::convolution`` and its backward, the attention ops), the outermost leaf with FLOPs
+  when leaves nest (the flash kernel's own op inside ``aten::_scaled_dot_product_flash_attention``,
+  the bmms of the math variant, do not count again). A **wrapper** (``aten::linear``,
+  ``aten::matmul``, ``aten::conv2d``, ``aten::scaled_dot_product_attention``) counts only when no
+  leaf with FLOPs was recorded inside it on its thread (a trace that recorded the wrapper's
+  shapes or ``flops`` but not its leaves), and never inside a counted op.
 - **dtype**: the op's first input whose ``Input type`` is an element type
-  (:func:`stepscope.analysis.peaks.torch_dtype`).
+  (:func:`stepscope.analysis.peaks.torch_dtype`). A float32 op is judged against the FP32 peak
+  (PyTorch's default: no TF32), the TF32 peak only when a kernel it launched is a TF32 kernel
+  (:data:`stepscope.analysis.peaks.TF32_KERNEL`).
 - **Time of a family**: on a GPU rank, the summed duration of the compute kernels launched
   while its counted ops ran (launch on the op's thread, inside the op); on a CPU-only rank, the
   summed duration of the counted ops themselves. ``achieved_tflops = flops / time``.
@@ -44,7 +49,7 @@ from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import Finding, Results, Severity, rule
 from stepscope.analysis.flop_formulas import FAMILIES, FLOP_OPS, NoFigure, OpArgs, op_flops
 from stepscope.analysis.parts import COMPUTE
-from stepscope.analysis.peaks import DevicePeak, device_peak, peak_dtype, torch_dtype
+from stepscope.analysis.peaks import TF32_KERNEL, DevicePeak, device_peak, peak_dtype, torch_dtype
 from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore, section
 
@@ -53,12 +58,13 @@ FLOPS_PER_NS_PER_TFLOPS = 1e3
 
 OPS_SCHEMA = pa.schema([
     ("rank", pa.int64()), ("step", pa.int64()), ("source", pa.string()), ("pid", pa.int64()),
-    ("tid", pa.int64()), ("name", pa.string()), ("family", pa.string()), ("ts_ns", pa.int64()),
+    ("tid", pa.int64()), ("name", pa.string()), ("family", pa.string()), ("leaf", pa.bool_()), ("ts_ns", pa.int64()),
     ("dur_ns", pa.int64()), ("flops", pa.int64()), ("flops_source", pa.string()), ("dtype", pa.string()),
     ("counted", pa.bool_()), ("reason", pa.string()),
 ])
-"""One row per candidate op: its FLOPs (null when unknown), where they came from (``shapes`` or
-``kineto``), whether it is counted, and why not (``reason``)."""
+"""One row per candidate op: whether it is a leaf (the op doing the products) or a wrapper, its
+FLOPs (null when unknown), where they came from (``shapes`` or ``kineto``), whether it is
+counted, and why not (``reason``)."""
 
 NO_FLOP_OPS = ("no matrix product, convolution or attention op with recorded shapes in this run's traces "
                "(profile with record_shapes=True)")
@@ -103,26 +109,34 @@ def flop_ops(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> p
         FROM events
         WHERE run = $run AND kind = 'cpu_op' AND dur_ns IS NOT NULL AND ts_ns IS NOT NULL
           AND list_contains($names, name) AND {rf}
-        ORDER BY rank, source, pid, tid, ts_ns, dur_ns DESC
-    """, {"run": run, "names": list(FLOP_OPS), **extra}).to_pylist()
+        ORDER BY rank, source, pid, tid, ts_ns, dur_ns DESC, list_contains($leaves, name)
+    """, {"run": run, "names": list(FLOP_OPS), "leaves": [n for n, op in FLOP_OPS.items() if op.leaf],
+          **extra}).to_pylist()
     out: dict[str, list[Any]] = {field.name: [] for field in OPS_SCHEMA}
     thread: tuple[Any, ...] | None = None
-    open_ops: list[tuple[int, str]] = []  # (end_ns, name) of the enclosing ops that have FLOPs
-    for row in rows:
+    open_ops: list[tuple[int, int]] = []  # (end_ns, row index) of the enclosing ops that have FLOPs
+    for index, row in enumerate(rows):
         key = (row["rank"], row["source"], row["pid"], row["tid"])
         if key != thread:
             thread, open_ops = key, []
         start, end = row["ts_ns"], row["ts_ns"] + row["dur_ns"]
         while open_ops and open_ops[-1][0] <= start:
             open_ops.pop()
+        enclosing = [i for e, i in open_ops if end <= e]
         doc = _decoded(row["args"])
         flops, flops_source, reason = _figure(row["name"], doc)
+        leaf = FLOP_OPS[row["name"]].leaf
         counted = flops is not None
-        if counted and open_ops and end <= open_ops[-1][0]:
-            counted, reason = False, f"inside {open_ops[-1][1]}, which counts these products"
-        if flops is not None:
-            open_ops.append((end, row["name"]))
-        for column, value in (("family", FLOP_OPS[row["name"]].family), ("flops", flops),
+        if counted:
+            counting = [i for i in enclosing if out["counted"][i] and (out["leaf"][i] or not leaf)]
+            if counting:
+                counted, reason = False, f"inside {rows[counting[-1]]['name']}, which counts these products"
+            elif leaf:  # the leaf counts: the wrappers around it, counted until now, do not
+                for i in enclosing:
+                    if out["counted"][i]:
+                        out["counted"][i], out["reason"][i] = False, f"a wrapper: {row['name']} inside it counts"
+            open_ops.append((end, index))
+        for column, value in (("family", FLOP_OPS[row["name"]].family), ("leaf", leaf), ("flops", flops),
                               ("flops_source", flops_source), ("dtype", _dtype(doc.get("Input type") or [])),
                               ("counted", counted), ("reason", reason)):
             out[column].append(value)
@@ -134,19 +148,21 @@ def flop_ops(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> p
 
 def _with_kernel_time(store: SQLStore, run: str, ranks: Sequence[int] | None, ops: pa.Table) -> pa.Table:
     """Add ``gpu_ns`` and ``kernels``: compute kernels whose launch ran on a counted op's thread
-    inside the op (null on ops not counted and on ranks without kernels)."""
+    inside the op (null on ops not counted and on ranks without kernels); ``tf32``: one of them
+    is a TF32 kernel (:data:`stepscope.analysis.peaks.TF32_KERNEL`)."""
     rf, extra = rank_filter(ranks, "k.rank")
     launches = store.sql(f"""
-        SELECT k.rank, l.source::VARCHAR AS source, l.pid, l.tid, l.ts_ns AS launch_ns, k.dur_ns
+        SELECT k.rank, l.source::VARCHAR AS source, l.pid, l.tid, l.ts_ns AS launch_ns, k.dur_ns,
+               regexp_matches(k.name, $tf32, 'i') AS tf32
         FROM events k JOIN events l
           ON l.run = $run AND l.rank = k.rank AND l.source = k.source AND l.correlation = k.correlation
          AND l.kind IN ('cuda_runtime', 'cuda_driver')
         WHERE k.run = $run AND k.kind = 'kernel' AND k.category = 'compute' AND k.dur_ns IS NOT NULL AND {rf}
-    """, {"run": run, **extra})
+    """, {"run": run, "tf32": TF32_KERNEL, **extra})
     return local_sql("""
         WITH c AS (SELECT row_number() OVER () AS op_id, * FROM ops),
         hit AS (
-          SELECT c.op_id, sum(l.dur_ns)::BIGINT AS gpu_ns, count(*) AS kernels
+          SELECT c.op_id, sum(l.dur_ns)::BIGINT AS gpu_ns, count(*) AS kernels, bool_or(l.tf32) AS tf32
           FROM launches l ASOF JOIN (SELECT * FROM c WHERE counted) c
             ON c.rank = l.rank AND c.source = l.source AND c.pid = l.pid AND c.tid = l.tid
            AND l.launch_ns >= c.ts_ns
@@ -156,7 +172,8 @@ def _with_kernel_time(store: SQLStore, run: str, ranks: Sequence[int] | None, op
         gpu_ranks AS (SELECT DISTINCT rank FROM launches)
         SELECT c.* EXCLUDE (op_id),
                CASE WHEN c.counted AND c.rank IN (SELECT rank FROM gpu_ranks) THEN coalesce(h.gpu_ns, 0) END AS gpu_ns,
-               CASE WHEN c.counted AND c.rank IN (SELECT rank FROM gpu_ranks) THEN coalesce(h.kernels, 0) END AS kernels
+               CASE WHEN c.counted AND c.rank IN (SELECT rank FROM gpu_ranks) THEN coalesce(h.kernels, 0) END AS kernels,
+               coalesce(h.tf32, FALSE) AS tf32
         FROM c LEFT JOIN hit h USING (op_id)
         ORDER BY c.rank, c.ts_ns, c.source, c.pid, c.tid
     """, ops=ops, launches=launches)
@@ -217,9 +234,13 @@ def tflops(flops: float, ns: float | None) -> float | None:
     return flops / ns / FLOPS_PER_NS_PER_TFLOPS if ns else None
 
 
-def ideal_time(device: Device, flops_by_dtype: dict[str | None, int]) -> Ideal:
-    """``sum flops / peak(dtype)`` in ns over the dtypes of some ops (module docs)."""
-    flops_by_dtype = {d: f for d, f in flops_by_dtype.items() if f}
+def ideal_time(device: Device, flops_by_math: dict[tuple[str | None, bool], int]) -> Ideal:
+    """``sum flops / peak(dtype)`` in ns over some ops' FLOPs by (dtype, ran on TF32 kernels)
+    (module docs)."""
+    flops_by_math = {d: f for d, f in flops_by_math.items() if f}
+    flops_by_dtype: dict[str | None, int] = {}
+    for (op_dtype, _), op_flops in flops_by_math.items():
+        flops_by_dtype[op_dtype] = flops_by_dtype.get(op_dtype, 0) + op_flops
     flops = sum(flops_by_dtype.values())
     dtype = max(flops_by_dtype, key=lambda d: flops_by_dtype[d]) if flops_by_dtype else None
     reason = device.absence()
@@ -230,8 +251,8 @@ def ideal_time(device: Device, flops_by_dtype: dict[str | None, int]) -> Ideal:
     assert device.peak is not None
     ns = 0.0
     columns = set()
-    for op_dtype, op_flops in flops_by_dtype.items():
-        column = peak_dtype(device.peak, op_dtype)
+    for (op_dtype, tf32), op_flops in flops_by_math.items():
+        column = peak_dtype(device.peak, op_dtype, tf32)
         if column is None:
             return Ideal(flops, dtype, None, f"no {op_dtype or 'unknown dtype'} peak for {device.peak.device} "
                          "in the peak table", None)
@@ -271,7 +292,7 @@ def mfu_steps(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> 
     ops = flop_ops(store, run, ranks)
     windows = step_windows(store, run, ranks)
     per_dtype = local_sql(f"""
-        SELECT w.rank, w.step, w.dur_ns AS step_ns, o.dtype, {", ".join(
+        SELECT w.rank, w.step, w.dur_ns AS step_ns, o.dtype, coalesce(o.tf32, FALSE) AS tf32, {", ".join(
             f"coalesce(sum(o.flops) FILTER (WHERE o.family = '{f}'), 0)::BIGINT AS {f}_flops" for f in FAMILIES)},
                coalesce(sum(o.flops), 0)::BIGINT AS flops, sum(o.gpu_ns)::BIGINT AS kernel_ns
         FROM windows w LEFT JOIN (SELECT * FROM ops WHERE counted) o ON o.rank = w.rank AND o.step = w.step
@@ -297,7 +318,7 @@ def _step_rows(per_dtype: list[dict[str, Any]], devices: dict[int, Device]) -> I
     """One row per (rank, step) from the rows per (rank, step, dtype)."""
     for (rank, step), parts in _grouped(per_dtype, "rank", "step").items():
         device = devices.get(rank, Device(None, None, False))
-        ideal = ideal_time(device, {p["dtype"]: p["flops"] for p in parts})
+        ideal = ideal_time(device, {(p["dtype"], p["tf32"]): p["flops"] for p in parts})
         step_ns = parts[0]["step_ns"]
         peak = ideal.peak_tflops
         yield {
@@ -317,14 +338,14 @@ def flops_by_family(store: SQLStore, run: str, ranks: Sequence[int] | None = Non
     """Per rank and family, over the whole trace: counted ops, FLOPs, their time (GPU kernels on a
     GPU rank, the ops' own CPU time otherwise: ``time_source``), achieved TFLOP/s, the dtype's
     peak and the fraction of it reached (``of_peak``), and the ops of the family not counted
-    for want of shapes (``uncounted_ops``; nested and wrapper ops are not among them)."""
+    for want of shapes (``uncounted_ops``: leaves only; nested and wrapper ops are not among them)."""
     ops = flop_ops(store, run, ranks)
     if ops.num_rows == 0:
         return Absent(NO_FLOP_OPS)
     families = local_sql("""
-        SELECT rank, family, dtype,
+        SELECT rank, family, dtype, tf32,
                count(*) FILTER (WHERE counted) AS ops,
-               count(*) FILTER (WHERE flops IS NULL AND reason NOT LIKE 'a wrapper%') AS uncounted_ops,
+               count(*) FILTER (WHERE flops IS NULL AND leaf) AS uncounted_ops,
                coalesce(sum(flops) FILTER (WHERE counted), 0)::BIGINT AS flops,
                sum(dur_ns) FILTER (WHERE counted)::BIGINT AS cpu_ns,
                sum(gpu_ns) FILTER (WHERE counted)::BIGINT AS gpu_ns,
@@ -347,7 +368,7 @@ def _family_rows(rows: list[dict[str, Any]], devices: dict[int, Device]) -> Iter
     """One row per (rank, family) from the rows per (rank, family, dtype)."""
     for (rank, family), parts in _grouped(rows, "rank", "family").items():
         device = devices.get(rank, Device(None, None, False))
-        ideal = ideal_time(device, {p["dtype"]: p["flops"] for p in parts})
+        ideal = ideal_time(device, {(p["dtype"], p["tf32"]): p["flops"] for p in parts})
         time_ns = sum(p["gpu_ns" if device.gpu else "cpu_ns"] or 0 for p in parts)
         achieved, peak = tflops(ideal.flops, time_ns), ideal.peak_tflops
         reasons = [r for r in (ideal.reason if peak is None else None,
@@ -432,7 +453,7 @@ def low_mfu_findings(mfu: pa.Table, breakdown: pa.Table, families: pa.Table | Ab
         kernel_ns = sum(r["kernel_ns"] or 0 for r, _ in pairs) / len(pairs)
         rates = [f"{f} at {fam[(rank, f)]['of_peak']:.0%} of peak" for f in FAMILIES
                  if (rank, f) in fam and fam[(rank, f)]["of_peak"] is not None and fam[(rank, f)]["flops"]]
-        advice = _advice(row, kernel_ns / compute_ns if compute_ns else 0.0, fam.get((rank, "matmul")))
+        advice = _advice(row, kernel_ns / compute_ns if compute_ns else 0.0)
         yield Finding(
             Severity.WARNING, "mfu.low",
             f"MFU {value:.1%} on rank {rank} (median of {len(pairs)} compute-bound steps, compute {share:.0%} of the "
@@ -440,24 +461,25 @@ def low_mfu_findings(mfu: pa.Table, breakdown: pa.Table, families: pa.Table | Ab
             f"{row['peak_dtype']} peak ({row['peak_tflops']:.0f} TFLOP/s); compute takes {compute_ns / 1e6:.1f} ms, "
             f"of which their kernels {kernel_ns / 1e6:.1f} ms" + (f" ({', '.join(rates)})" if rates else "")
             + f": {advice}",
-            {"rank": rank, "ranks": [rank], "time_at_stake_ns": stake, "mfu_median": round(value, 4),
+            {"rank": rank, "ranks": [rank], "mfu_median": round(value, 4),
              "steps": len(pairs), "compute_share": round(share, 4), "ideal_ns": round(ideal_ns),
              "compute_ns": round(compute_ns), "kernel_ns": round(kernel_ns), "dtype": row["dtype"],
              "peak_tflops": row["peak_tflops"],
              "device": row["device"]},
+            ranks=(rank,),
+            time_at_stake_ns=stake,
         )
 
 
-def _advice(row: dict[str, Any], products_share: float, matmul: dict[str, Any] | None) -> str:
+def _advice(row: dict[str, Any], products_share: float) -> str:
     """What the numbers point at: compute outside the products, float32 without TF32, or slow products."""
     if products_share < 0.5:
         return ("most compute is outside the matrix products (embedding lookups, elementwise ops, normalisation: "
                 "memory-bound kernels, see the top kernels), so MFU cannot be high until those shrink")
     device = device_peak(row["device"])
-    fp32 = device.tflops.get("fp32") if device else None
-    if (row["dtype"] == "float32" and matmul and matmul["achieved_tflops"] is not None and fp32
-            and matmul["achieved_tflops"] <= fp32):
-        return ("float32 products at FP32 rate: allow TF32 (torch.set_float32_matmul_precision('high')) or "
+    if row["dtype"] == "float32" and row["peak_dtype"] == "fp32" and device and "tf32" in device.tflops:
+        return (f"float32 products on FP32 kernels (no TF32: PyTorch's default): allow TF32 "
+                f"(torch.set_float32_matmul_precision('high'), a {device.tflops['tf32']:.0f} TFLOP/s peak) or "
                 "train in bfloat16")
     return "the products run far below peak: small or oddly shaped matrices (grow the batch, dimensions in multiples of 64)"
 

@@ -7,10 +7,14 @@ matching row wins, so the more specific variants (H100 PCIe, H100 NVL) come befo
 name. A device not in the table has no peak, and MFU is absent with the reason, never guessed.
 
 The dtype of an op is its first tensor input's ``Input type`` as the trace records it
-(``c10::BFloat16``, ``float``); :func:`peak_dtype` maps it to the column of the table:
-``float32`` inputs use the TF32 tensor-core peak where the device has one (A100, H100/H200,
-B200, MI300X), else its FP32 peak (V100, MI250X). So MFU never exceeds 1 when TF32 is allowed,
-and a float32 run that does not allow it shows how much it leaves on the table.
+(``c10::BFloat16``, ``float``); :func:`peak_dtype` maps it to the column of the table.
+``float32`` products are judged against the **FP32** peak: PyTorch's default for float32
+matmuls on CUDA is full FP32 (``torch.backends.cuda.matmul.allow_tf32`` is False since 1.12).
+Only when the kernels the op launched are TF32 kernels (:data:`TF32_KERNEL`: a name with
+``tf32``/``xf32``, such as cuDNN's ``sm80_xmma_..._tf32f32_...``, or CUTLASS's
+``tensorop_s1688gemm``, the TF32 tensor-core SGEMM of cuBLAS on Ampere and later) is the op
+judged against the device's TF32 peak (falling back to FP32 where the device has none). An
+SGEMM such as ``ampere_sgemm_*`` or a kernel name that says nothing (``nvjet_*``, ``Cijk_*``) is FP32.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ TRACE_DTYPES: Mapping[str, str] = {
 
 _PEAK_COLUMN: Mapping[str, str] = {
     "float64": "fp64",
-    "float32": "tf32",
+    "float32": "fp32",
     "float16": "fp16",
     "bfloat16": "bf16",
     "float8_e4m3fn": "fp8",
@@ -46,7 +50,11 @@ _PEAK_COLUMN: Mapping[str, str] = {
     "float8_e5m2fnuz": "fp8",
     "int8": "int8",
 }
-"""torch dtype -> peak-table column (float32: tf32, falling back to fp32; see :func:`peak_dtype`)."""
+"""torch dtype -> peak-table column (float32: fp32, or tf32 on TF32 kernels; see :func:`peak_dtype`)."""
+
+TF32_KERNEL = r"tf32|xf32|tensorop_s1688gemm"
+"""Kernel names (case-insensitive regular expression) that show a float32 product ran on TF32
+tensor cores (module docs)."""
 
 
 @dataclass(frozen=True)
@@ -111,9 +119,10 @@ def torch_dtype(input_type: str | None) -> str | None:
     return TRACE_DTYPES.get(input_type or "")
 
 
-def peak_dtype(device: DevicePeak, dtype: str | None) -> str | None:
-    """The peak-table column for ``dtype`` on ``device`` (module docs), or None when it has none."""
+def peak_dtype(device: DevicePeak, dtype: str | None, tf32: bool = False) -> str | None:
+    """The peak-table column for ``dtype`` on ``device`` (module docs), or None when it has none;
+    ``tf32``: the op's kernels are TF32 kernels (float32 only: its TF32 peak where there is one)."""
     column = _PEAK_COLUMN.get(dtype or "")
-    if column == "tf32" and column not in device.tflops:
-        column = "fp32"
+    if column == "fp32" and tf32 and "tf32" in device.tflops:
+        column = "tf32"
     return column if column in device.tflops else None
