@@ -458,7 +458,7 @@ def low_mfu_findings(mfu: pa.Table, breakdown: pa.Table, families: pa.Table | Ab
             Severity.WARNING, "mfu.low",
             f"MFU {value:.1%} on rank {rank} (median of {len(pairs)} compute-bound steps, compute {share:.0%} of the "
             f"step): the products would need {ideal_ns / 1e6:.1f} ms per step at the {row['device']}'s dense "
-            f"{row['peak_dtype']} peak ({row['peak_tflops']:.0f} TFLOP/s); compute takes {compute_ns / 1e6:.1f} ms, "
+            f"{_peak_words(row)}; compute takes {compute_ns / 1e6:.1f} ms, "
             f"of which their kernels {kernel_ns / 1e6:.1f} ms" + (f" ({', '.join(rates)})" if rates else "")
             + f": {advice}",
             {"rank": rank, "ranks": [rank], "mfu_median": round(value, 4),
@@ -469,6 +469,16 @@ def low_mfu_findings(mfu: pa.Table, breakdown: pa.Table, families: pa.Table | Ab
             ranks=(rank,),
             time_at_stake_ns=stake,
         )
+
+
+def _peak_words(row: dict[str, Any]) -> str:
+    """``bf16 peak (989 TFLOP/s)``, or for a step of several columns ``fp32 and tf32 peaks (by
+    the kernels of each product; 120 TFLOP/s over the step)``."""
+    columns = row["peak_dtype"].split("+")
+    if len(columns) == 1:
+        return f"{columns[0]} peak ({row['peak_tflops']:.0f} TFLOP/s)"
+    return (f"{' and '.join(columns)} peaks (by the kernels of each product; {row['peak_tflops']:.0f} TFLOP/s "
+            "over the step)")
 
 
 def _advice(row: dict[str, Any], products_share: float) -> str:
