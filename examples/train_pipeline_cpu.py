@@ -23,9 +23,7 @@ cores. ``sample_traces/pp-*`` were recorded with it (sample_traces/README.md).
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +34,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 import stepscope
+from gloo_ranks import free_port, join_gloo
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved1f1b": ScheduleInterleaved1F1B}
 """``--schedule`` name -> torch's schedule class."""
@@ -111,12 +110,6 @@ class Stage(nn.Module):
         return self.head(self.norm(x)) if self.last else x
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
@@ -138,14 +131,9 @@ def clip_grad_norm_across_stages(module: nn.Module, max_norm: float) -> float:
 def train_rank(rank: int, world_size: int, port: int | None, cfg: PipelineRun) -> None:
     """One rank: join the gloo group, build its stage(s) and the schedule, train profiled.
 
-    ``port`` None: the launcher (torchrun) has set MASTER_ADDR/MASTER_PORT already.
+    ``port`` None: the launcher (torchrun) has set MASTER_ADDR/MASTER_PORT already (:func:`gloo_ranks.join_gloo`).
     """
-    torch.set_num_threads(1)
-    if port is not None:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(port)
-    logging.basicConfig(level=logging.INFO, format=f"rank {rank} %(levelname)s %(name)s: %(message)s")
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    join_gloo(rank, world_size, port)
     try:
         per_rank = 2 if cfg.schedule in MULTI_STAGE else 1
         count = per_rank * world_size
