@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -118,6 +118,8 @@ def test_convolutions_on_mi300_trace(ingested: Callable[[str], Path], shared_tra
     assert first["args"]["Input Dims"][:2] == [[10, 3, 224, 224], [64, 3, 7, 7]]
     assert _by_name(ops, "aten::convolution")[0] == 2 * 10 * 64 * 112 * 112 * 3 * 7 * 7
     assert not _by_name(ops, "aten::conv2d") and not _by_name(ops, "aten::miopen_convolution")
+    # conv2d's own figure (used only where no convolution was recorded inside it) agrees with its leaf's
+    assert sorted(_by_name(ops, "aten::conv2d", counted=False)) == sorted(forward)
 
 
 def test_flash_attention_on_mi300_inference_trace(ingested: Callable[[str], Path], shared_traces: Path) -> None:
@@ -133,6 +135,10 @@ def test_flash_attention_on_mi300_inference_trace(ingested: Callable[[str], Path
     assert sum(1 for e in _cpu_ops(raw, "aten::_scaled_dot_product_flash_attention")
                if e["args"]["Concrete Inputs"][4] == "True") > 0  # the causal case is exercised
     assert expected and sorted(_by_name(ops, "aten::_scaled_dot_product_flash_attention")) == sorted(expected)
+    wrappers = [r for r in ops.to_pylist() if r["name"] == "aten::scaled_dot_product_attention"]
+    assert wrappers and not any(r["counted"] for r in wrappers)
+    # the wrapper's own figure agrees with its leaf's (other flash ops ran without the public wrapper)
+    assert not Counter(r["flops"] for r in wrappers) - Counter(expected)
     nested = [r for r in ops.to_pylist() if r["name"] == "aten::_flash_attention_forward"]
     assert nested and not any(r["counted"] for r in nested)
     assert all(r["reason"].startswith("inside aten::_scaled_dot_product_flash_attention") for r in nested)
