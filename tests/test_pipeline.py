@@ -245,6 +245,7 @@ def test_slow_stage_leads_the_verdict(pp_store: Any) -> None:
     assert doc["verdict"]["findings"][0]["rule"] == "pipeline.bubble"
     exposed = [f for f in doc["findings"] if f["rule"] == "comm.exposed"]
     assert all("recv" not in f["message"] and "left out" in f["message"] for f in exposed)
+    assert all("not traced" not in f["message"] for f in exposed)  # every rank is traced; a send has two members
     first_screen = render_table(doc, 200).split("per rank and per section")[0]
     first = next(line for line in first_screen.splitlines() if line.startswith("1 "))
     assert "stage 1 (rank 1)" in first

@@ -227,7 +227,10 @@ def _group_phase_summary(kernels: pa.Table, step_total: pa.Table) -> pa.Table:
 SELECT k.run, k.rank, k.pg_name, k.pg_desc, k.pg_ranks, k.group_size, k.phase, k.host_side,
        string_agg(DISTINCT k.collective, ', ' ORDER BY k.collective) AS collectives, count(*) AS count, sum(k.bytes)::BIGINT AS bytes, sum(k.dur_ns)::BIGINT AS dur_ns,
        sum(k.hidden_ns)::BIGINT AS hidden_ns, sum(k.exposed_ns)::BIGINT AS exposed_ns,
-       count(k.wait_ns) AS matched, coalesce(bool_or(k.inst_ranks < k.inst_group_size), FALSE) AS partly_traced,
+       count(k.wait_ns) AS matched,
+       -- a send or receive has two members whatever the group's size: not a sign of untraced ranks
+       coalesce(bool_or(k.inst_ranks < k.inst_group_size AND k.collective NOT IN {sql_list(POINT_TO_POINT)}), FALSE)
+         AS partly_traced,
        sum(k.wait_ns)::BIGINT AS wait_ns,
        sum(k.exposed_wait_ns)::BIGINT AS exposed_wait_ns,
        (sum(k.exposed_ns) - coalesce(sum(k.exposed_wait_ns), 0))::BIGINT AS exposed_transfer_ns,
