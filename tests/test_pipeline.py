@@ -246,6 +246,11 @@ def test_slow_stage_leads_the_verdict(pp_store: Any) -> None:
     exposed = [f for f in doc["findings"] if f["rule"] == "comm.exposed"]
     assert all("recv" not in f["message"] and "left out" in f["message"] for f in exposed)
     assert all("not traced" not in f["message"] for f in exposed)  # every rank is traced; a send has two members
+    # rank 2 (the last stage) waits at the stages' all-reduce because 1F1B drains from the last
+    # stage back to the first: the pipeline's drain, not a late rank
+    assert not [f for f in doc["findings"] if f["rule"] == "comm.late_rank"]
+    late = doc["late"]["steps"][0]
+    assert late["waiting_ranks"] == [2] and late["collective"] == "all_reduce"
     first_screen = render_table(doc, 200).split("per rank and per section")[0]
     first = next(line for line in first_screen.splitlines() if line.startswith("1 "))
     assert "stage 1 (rank 1)" in first

@@ -185,6 +185,7 @@ def _collective_summary(kernels: pa.Table) -> pa.Table:
 SELECT run, rank, collective, host_side, {_BUCKET_SQL} AS size_bucket, {_BUCKET_MIN_SQL} AS size_bucket_min_bytes,
        count(*) AS count, count(bytes) AS sized_count, sum(bytes)::BIGINT AS bytes,
        sum(dur_ns)::BIGINT AS dur_ns, sum(hidden_ns)::BIGINT AS hidden_ns, sum(exposed_ns)::BIGINT AS exposed_ns,
+       (sum(exposed_ns) - coalesce(sum(exposed_wait_ns), 0))::BIGINT AS exposed_transfer_ns,
        sum(bytes) FILTER (WHERE dur_ns > 0) / nullif(sum(dur_ns) FILTER (WHERE bytes IS NOT NULL), 0) AS algbw_gbps,
        sum(bytes * busbw_factor) / nullif(sum(dur_ns) FILTER (WHERE bytes * busbw_factor IS NOT NULL), 0) AS busbw_gbps,
        nullif(concat_ws('; ',
@@ -537,8 +538,8 @@ def _exposed_transfer(ranks: object) -> dict[int, tuple[float, float, bool]]:
 
 
 def _pipeline_stage_shares(results: Results, comm: CommResult) -> dict[int, float]:
-    """Per rank that is a pipeline stage: the share of its exposed communication that is not
-    point-to-point (by the collectives' exposed time). A stage's sends and receives to its
+    """Per rank that is a pipeline stage: the share of its exposed transfer (exposed, not waiting
+    for a matched peer) that is not point-to-point. A stage's sends and receives to its
     neighbours mostly wait for them: that time is the pipeline's bubble (``pipeline.bubble``)."""
     pipe = results.get("pipeline")
     if not isinstance(pipe, PipelineResult):
@@ -548,8 +549,8 @@ def _pipeline_stage_shares(results: Results, comm: CommResult) -> dict[int, floa
     for row in comm.by_collective.to_pylist():
         if row["rank"] in stage_ranks:
             total = totals.setdefault(row["rank"], [0.0, 0.0])
-            total[0] += row["exposed_ns"] or 0
-            total[1] += 0 if row["collective"] in POINT_TO_POINT else row["exposed_ns"] or 0
+            total[0] += row["exposed_transfer_ns"] or 0
+            total[1] += 0 if row["collective"] in POINT_TO_POINT else row["exposed_transfer_ns"] or 0
     return {rank: rest / whole if whole else 1.0 for rank, (whole, rest) in totals.items()}
 
 
