@@ -353,6 +353,7 @@ def test_built_ops_counted_once(make_trace: Callable[..., Path], tmp_path: Path)
     assert at("aten::conv2d", 130)["counted"] and at("aten::conv2d", 130)["flops"] == 777
     nested = [at("aten::linear", 150), at("aten::matmul", 151), at("aten::mm", 152)]
     assert [r["counted"] for r in nested] == [False, False, True]
+    assert [r["reason"] for r in nested[:2]] == ["a wrapper: aten::mm inside it counts"] * 2
     assert [r["flops"] for r in nested] == [2 * 64 * 32 * 8] * 3
     step = mfu_steps(store, "r").to_pylist()[0]
     counted = [r for r in ops.values() if r["counted"]]

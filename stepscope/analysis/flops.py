@@ -131,10 +131,9 @@ def flop_ops(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> p
             counting = [i for i in enclosing if out["counted"][i] and (out["leaf"][i] or not leaf)]
             if counting:
                 counted, reason = False, f"inside {rows[counting[-1]]['name']}, which counts these products"
-            elif leaf:  # the leaf counts: the wrappers around it, counted until now, do not
+            elif leaf:  # the leaf counts: the wrappers around it (the outermost counted until now) do not
                 for i in enclosing:
-                    if out["counted"][i]:
-                        out["counted"][i], out["reason"][i] = False, f"a wrapper: {row['name']} inside it counts"
+                    out["counted"][i], out["reason"][i] = False, f"a wrapper: {row['name']} inside it counts"
             open_ops.append((end, index))
         for column, value in (("family", FLOP_OPS[row["name"]].family), ("leaf", leaf), ("flops", flops),
                               ("flops_source", flops_source), ("dtype", _dtype(doc.get("Input type") or [])),
