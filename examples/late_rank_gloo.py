@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import stepscope
+from gloo_ranks import free_port
 
 
 @dataclass(frozen=True)
@@ -37,12 +37,6 @@ class LateRun:
     sleep_ms: float = 30.0
     steps: int = 6
     trace_dir: str | None = None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def step(weights: torch.Tensor, data: torch.Tensor, rank: int, cfg: LateRun) -> None:

@@ -11,9 +11,7 @@ ranks with ``mp.spawn``; under ``torchrun`` each process is one rank, from the e
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 import stepscope
+from gloo_ranks import free_port, join_gloo
 from toy_transformer import ToyConfig, build, synthetic_batch, train_step
 
 
@@ -43,23 +42,12 @@ class DDPRun:
     convert: str = "process"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def train_rank(rank: int, world_size: int, port: int | None, cfg: DDPRun) -> None:
     """One rank: join the gloo group, wrap the model in DDP, train under stepscope.profile.
 
-    ``port`` None: the launcher (torchrun) has set MASTER_ADDR/MASTER_PORT already.
+    ``port`` None: the launcher (torchrun) has set MASTER_ADDR/MASTER_PORT already (:func:`gloo_ranks.join_gloo`).
     """
-    torch.set_num_threads(1)
-    if port is not None:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(port)
-    logging.basicConfig(level=logging.INFO, format=f"rank {rank} %(levelname)s %(name)s: %(message)s")
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    join_gloo(rank, world_size, port)
     try:
         model_cfg = ToyConfig()
         model, optimizer = build(model_cfg)

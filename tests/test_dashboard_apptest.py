@@ -25,7 +25,7 @@ from tests._dashboard_stores import build_sample_store  # noqa: E402
 from tests.conftest import REPO, load_raw  # noqa: E402
 
 APP = REPO / "stepscope" / "dashboard" / "app.py"
-PAGES = ("runs", "overview", "communication", "copies", "memory", "kernels", "compare", "sql")
+PAGES = ("runs", "overview", "communication", "copies", "memory", "kernels", "pipeline", "compare", "sql")
 SHARED_RUNS = {
     "control": ["hta/trace_diff/control/control.json.gz"],
     "test": ["hta/trace_diff/test/test.json.gz"],

@@ -28,7 +28,7 @@ SHARED_RUNS = {
 }
 MIN_CHARTS_ON_SHARED = {"overview": 4, "communication": 1, "copies": 3, "kernels": 3, "compare": 1}
 """Charts each page must draw for the shared run ``sampled`` against baseline ``control``."""
-PAGES = ("overview", "runs", "communication", "copies", "memory", "kernels", "compare", "sql")
+PAGES = ("overview", "runs", "communication", "copies", "memory", "kernels", "pipeline", "compare", "sql")
 
 
 @pytest.fixture(scope="module")

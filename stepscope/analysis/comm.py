@@ -44,6 +44,7 @@ from stepscope.analysis.matching import POINT_TO_POINT, clock_offsets, collectiv
 from stepscope.analysis.overlap import COMPUTE_KERNELS_SQL, hidden_ctes
 from stepscope.analysis.parts import COMM_EXPOSED, COMMUNICATION_OPS, COMPUTE, COMPUTE_OPS, HOST, PEER_WAITS
 from stepscope.analysis.phase import gpu_phase_ctes
+from stepscope.analysis.pipeline import PipelineResult
 from stepscope.analysis.quantiles import median, median_sql
 from stepscope.analysis.sections import SQLStore, section
 from stepscope.render.units import duration
@@ -184,6 +185,7 @@ def _collective_summary(kernels: pa.Table) -> pa.Table:
 SELECT run, rank, collective, host_side, {_BUCKET_SQL} AS size_bucket, {_BUCKET_MIN_SQL} AS size_bucket_min_bytes,
        count(*) AS count, count(bytes) AS sized_count, sum(bytes)::BIGINT AS bytes,
        sum(dur_ns)::BIGINT AS dur_ns, sum(hidden_ns)::BIGINT AS hidden_ns, sum(exposed_ns)::BIGINT AS exposed_ns,
+       (sum(exposed_ns) - coalesce(sum(exposed_wait_ns), 0))::BIGINT AS exposed_transfer_ns,
        sum(bytes) FILTER (WHERE dur_ns > 0) / nullif(sum(dur_ns) FILTER (WHERE bytes IS NOT NULL), 0) AS algbw_gbps,
        sum(bytes * busbw_factor) / nullif(sum(dur_ns) FILTER (WHERE bytes * busbw_factor IS NOT NULL), 0) AS busbw_gbps,
        nullif(concat_ws('; ',
@@ -226,7 +228,10 @@ def _group_phase_summary(kernels: pa.Table, step_total: pa.Table) -> pa.Table:
 SELECT k.run, k.rank, k.pg_name, k.pg_desc, k.pg_ranks, k.group_size, k.phase, k.host_side,
        string_agg(DISTINCT k.collective, ', ' ORDER BY k.collective) AS collectives, count(*) AS count, sum(k.bytes)::BIGINT AS bytes, sum(k.dur_ns)::BIGINT AS dur_ns,
        sum(k.hidden_ns)::BIGINT AS hidden_ns, sum(k.exposed_ns)::BIGINT AS exposed_ns,
-       count(k.wait_ns) AS matched, coalesce(bool_or(k.inst_ranks < k.inst_group_size), FALSE) AS partly_traced,
+       count(k.wait_ns) AS matched,
+       -- a send or receive has two members whatever the group's size: not a sign of untraced ranks
+       coalesce(bool_or(k.inst_ranks < k.inst_group_size AND k.collective NOT IN {sql_list(POINT_TO_POINT)}), FALSE)
+         AS partly_traced,
        sum(k.wait_ns)::BIGINT AS wait_ns,
        sum(k.exposed_wait_ns)::BIGINT AS exposed_wait_ns,
        (sum(k.exposed_ns) - coalesce(sum(k.exposed_wait_ns), 0))::BIGINT AS exposed_transfer_ns,
@@ -532,6 +537,28 @@ def _exposed_transfer(ranks: object) -> dict[int, tuple[float, float, bool]]:
     return out
 
 
+def _pipeline_stage_shares(results: Results, comm: CommResult) -> dict[int, float]:
+    """Per rank that is a pipeline stage: the share of its exposed transfer (exposed, not waiting
+    for a matched peer) that is not point-to-point. A stage's sends and receives to its
+    neighbours mostly wait for them: that time is the pipeline's bubble (``pipeline.bubble``)."""
+    pipe = results.get("pipeline")
+    if not isinstance(pipe, PipelineResult):
+        return {}
+    stage_ranks = {r for p in pipe.pipelines for r in p.ranks}
+    totals: dict[int, list[float]] = {}
+    for row in comm.by_collective.to_pylist():
+        if row["rank"] in stage_ranks:
+            total = totals.setdefault(row["rank"], [0.0, 0.0])
+            total[0] += row["exposed_transfer_ns"] or 0
+            total[1] += 0 if row["collective"] in POINT_TO_POINT else row["exposed_transfer_ns"] or 0
+    return {rank: rest / whole if whole else 1.0 for rank, (whole, rest) in totals.items()}
+
+
+def _without_p2p(collectives: str | None) -> str | None:
+    kinds = [c for c in (collectives or "").split(", ") if c and c not in POINT_TO_POINT]
+    return ", ".join(kinds) or None
+
+
 def _group(rows: list[dict]) -> dict[int, list[dict]]:
     out: dict[int, list[dict]] = {}
     for row in rows:
@@ -551,10 +578,14 @@ def exposed_rule(results: Results) -> Iterator[Finding]:
     assert isinstance(result, CommResult)
     exposed = _exposed_transfer(results["ranks"])
     contributors = _group(result.by_group_phase.to_pylist())
+    stages = _pipeline_stage_shares(results, result)
     items = []
     for rank, (per_step, pct, known) in exposed.items():
         rows = sorted((r for r in contributors.get(rank, []) if (r["exposed_transfer_ns"] or 0) > 0),
                       key=lambda r: -r["exposed_transfer_ns"])
+        if rank in stages:  # the transfers between stages are the pipeline's bubble, not poor overlap
+            per_step, pct = per_step * stages[rank], pct * stages[rank]
+            rows = [{**r, "collectives": _without_p2p(r["collectives"])} for r in rows]
         if pct < EXPOSED_PCT_WARN or per_step < MIN_STAKE_NS or not rows:
             continue
         total = sum(r["exposed_transfer_ns"] for r in rows)
@@ -568,6 +599,9 @@ def exposed_rule(results: Results) -> Iterator[Finding]:
                  for r in worst["rows"][:2]]
         message = (f"{ranks_phrase(ranks)}: communication transfers exposed for {duration(worst['per_step'])} per step "
                    f"({worst['pct']:.0f}% of the step), mostly {' and '.join(parts)}: overlap with compute is poor")
+        if worst["rank"] in stages:
+            message += ("; the point-to-point transfers between pipeline stages are left out (waiting for the "
+                        "neighbour stage: the pipeline's bubble, pipeline.bubble)")
         if not worst["known"]:
             message += ("; none of these collectives was matched with another traced rank's, so part of this may be "
                         "waiting for a peer, not transfer")

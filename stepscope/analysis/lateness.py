@@ -42,6 +42,7 @@ from stepscope.analysis.breakdown import parts_over, step_windows
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ranks_phrase, rule
 from stepscope.analysis.matching import POINT_TO_POINT
+from stepscope.analysis.pipeline import PipelineResult
 from stepscope.analysis.parts import (
     COMM_TRANSFER,
     COMM_WAIT,
@@ -305,13 +306,20 @@ def late_rank_rule(results: Results) -> Iterator[Finding]:
     of the step and 1 ms, in more than half of the profiled steps (a late rank that changes from
     step to step is jitter; a one-off stall is ``steps.unstable``'s). Names the late ranks, the
     wait they caused (summed over the waiting ranks) and where the lateness came from (before
-    the step, or which part of their step grew). One finding per set of late ranks."""
+    the step, or which part of their step grew). One finding per set of late ranks. A collective
+    among the stages of one pipeline (a gradient-norm all-reduce over the stages) is left out:
+    its arrivals follow the schedule's drain (the last stage finishes first), which is the
+    pipeline's bubble (``pipeline.bubble``)."""
     result = results["late"]
     assert isinstance(result, LateResult)
+    pipe = results.get("pipeline")
+    pipelines = [set(p.ranks) for p in pipe.pipelines] if isinstance(pipe, PipelineResult) else []
     groups: dict[tuple[int, ...], list[dict[str, Any]]] = defaultdict(list)
     for row in result.steps.to_pylist():
         if row["max_wait_ns"] < MIN_STAKE_NS or 100 * row["max_wait_ns"] < LATE_WAIT_PCT * row["step_ns"]:
             continue
+        if any({*row["late_ranks"], *row["waiting_ranks"]} <= stages for stages in pipelines):
+            continue  # the stages of one pipeline arrive in the order of its drain: pipeline.bubble's
         groups[tuple(row["late_ranks"])].append(row)
     for late, rows in groups.items():
         if not _recurs(len(rows), result.profiled_steps):

@@ -12,9 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stepscope.commands._section_blocks import SECTION_BLOCKS
 from stepscope.errors import UsageError
 from stepscope.render.table import Column, Table, terminal_width, to_markdown, to_terminal
 from stepscope.render.units import duration, percent
+
+SECTION_NAMES = "ranks, kernels, comm, late, copies, memory, mfu, pipeline, findings"
+"""The sections ``--section`` is most often asked for (the help and the first screen's hint)."""
 
 if TYPE_CHECKING:
     from stepscope.analysis.parts import Breakdown
@@ -32,8 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only this rank (repeat for several)")
     parser.add_argument("--format", choices=FORMATS, default="table")
     parser.add_argument("--section", action="append", metavar="NAME",
-                        help="after the verdict, also this section's tables (repeat for several): "
-                             "ranks, kernels, comm, late, copies, memory, findings")
+                        help=f"after the verdict, also this section's tables (repeat for several): {SECTION_NAMES}")
     parser.add_argument("--verbose", action="store_true", help="after the verdict, every section's tables")
 
 
@@ -193,7 +196,7 @@ def blocks(doc: dict[str, Any], sections: tuple[str, ...] | None = None) -> Iter
         if value is None:
             yield (key, ["absent"], [[doc.get("absent_reasons", {}).get(key, "")]])
         else:
-            yield from _generic_blocks(key, value)
+            yield from SECTION_BLOCKS.get(key, _generic_blocks)(key, value)
     if wanted("findings"):
         findings = doc.get("findings") or []
         yield ("findings", ["severity", "rule", "ranks", "at stake", "finding"],
@@ -263,7 +266,7 @@ def verdict_tables(doc: dict[str, Any]) -> tuple[list[str], list[Table]]:
     return lines, out
 
 
-_HINT = "per rank and per section: --section NAME (ranks, kernels, comm, late, copies, memory, findings) or --verbose"
+_HINT = f"per rank and per section: --section NAME ({SECTION_NAMES}) or --verbose"
 
 
 def tables(doc: dict[str, Any], sections: tuple[str, ...] | None = None) -> list[Table]:

@@ -28,6 +28,7 @@ PAGES: tuple[tuple[str, str, str], ...] = (
     ("copies.py", "Offload & copies", ":material/swap_horiz:"),
     ("memory.py", "Memory", ":material/memory:"),
     ("kernels.py", "Kernels & ops", ":material/functions:"),
+    ("pipeline.py", "Pipeline & FLOPs", ":material/view_timeline:"),
     ("compare.py", "Compare", ":material/compare_arrows:"),
     ("sql.py", "SQL", ":material/terminal:"),
 )

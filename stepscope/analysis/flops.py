@@ -1,0 +1,505 @@
+"""FLOPs per op, per step and per op family, achieved TFLOP/s, and MFU against the device's peak.
+
+Per rank, from the rank's own events (docs/ANALYSIS.md, "FLOPs and MFU"):
+
+- **Which ops count.** Candidates are the CPU ops of a FLOP family
+  (:data:`stepscope.analysis.flop_formulas.FLOP_OPS`). An op's FLOPs come from its recorded
+  shapes (:func:`~stepscope.analysis.flop_formulas.op_flops`), else from the trace's own
+  ``flops`` arg (``with_flops=True`` in torch versions that export it). Each product is counted
+  once, at its **leaf**: the op that does it (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``,
+  ``aten::convolution`` and its backward, the attention ops), the outermost leaf with FLOPs
+  when leaves nest (the flash kernel's own op inside ``aten::_scaled_dot_product_flash_attention``,
+  the bmms of the math variant, do not count again). A **wrapper** (``aten::linear``,
+  ``aten::matmul``, ``aten::conv2d``, ``aten::scaled_dot_product_attention``) counts only when no
+  leaf with FLOPs was recorded inside it on its thread (a trace that recorded the wrapper's
+  shapes or ``flops`` but not its leaves), and never inside a counted op.
+- **dtype**: the op's first input whose ``Input type`` is an element type
+  (:func:`stepscope.analysis.peaks.torch_dtype`). A float32 op is judged against the FP32 peak
+  (PyTorch's default: no TF32), the TF32 peak only when a kernel it launched is a TF32 kernel
+  (:data:`stepscope.analysis.peaks.TF32_KERNEL`).
+- **Time of a family**: on a GPU rank, the summed duration of the compute kernels launched
+  while its counted ops ran (launch on the op's thread, inside the op); on a CPU-only rank, the
+  summed duration of the counted ops themselves. ``achieved_tflops = flops / time``.
+- **Per step**: ``flops`` of the counted ops of the step (by the step of the op's CPU start),
+  ``step_ns`` the step window (:func:`stepscope.analysis.breakdown.step_windows`),
+  ``achieved_tflops = flops / step_ns``. ``ideal_ns = sum over the ops of flops / peak(dtype)``
+  (what the products would take at the device's dense peak); ``mfu = ideal_ns / step_ns``;
+  ``peak_tflops = flops / ideal_ns`` (the peak of the dtype, or the FLOP-weighted harmonic mean
+  of the dtypes' peaks when a step mixes them); ``dtype`` the dtype carrying most of the FLOPs.
+  Absent with the reason on CPU-only ranks, unknown devices and dtypes without a peak.
+
+Recomputed forward ops (activation checkpointing) ran, so they count: on such runs the figure
+is closer to hardware FLOPs than to model FLOPs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+
+from stepscope.analysis._local import local_sql
+from stepscope.analysis._sql import rank_filter
+from stepscope.analysis.absent import NO_STEPS, Absent, Maybe
+from stepscope.analysis.breakdown import step_windows
+from stepscope.analysis.cache import cached_frame
+from stepscope.analysis.findings import Finding, Results, Severity, rule
+from stepscope.analysis.flop_formulas import FAMILIES, FLOP_OPS, NoFigure, OpArgs, op_flops
+from stepscope.analysis.parts import COMPUTE
+from stepscope.analysis.peaks import TF32_KERNEL, DevicePeak, device_peak, peak_dtype, torch_dtype
+from stepscope.analysis.quantiles import median
+from stepscope.analysis.sections import SQLStore, section
+
+FLOPS_PER_NS_PER_TFLOPS = 1e3
+"""1 TFLOP/s = 1e12 FLOP / 1e9 ns = 1e3 FLOP per ns."""
+
+OPS_SCHEMA = pa.schema([
+    ("rank", pa.int64()), ("step", pa.int64()), ("source", pa.string()), ("pid", pa.int64()),
+    ("tid", pa.int64()), ("name", pa.string()), ("family", pa.string()), ("leaf", pa.bool_()), ("ts_ns", pa.int64()),
+    ("dur_ns", pa.int64()), ("flops", pa.int64()), ("flops_source", pa.string()), ("dtype", pa.string()),
+    ("counted", pa.bool_()), ("reason", pa.string()),
+])
+"""One row per candidate op: whether it is a leaf (the op doing the products) or a wrapper, its
+FLOPs (null when unknown), where they came from (``shapes`` or ``kineto``), whether it is
+counted, and why not (``reason``)."""
+
+NO_FLOP_OPS = ("no matrix product, convolution or attention op with recorded shapes in this run's traces "
+               "(profile with record_shapes=True)")
+NO_SHAPES = "the traces of this run record no shapes (Input Dims): profile with record_shapes=True"
+CPU_ONLY = "CPU-only rank: MFU is measured against an accelerator's dense peak, and this rank has none"
+
+
+def _decoded(args: str | None) -> dict[str, Any]:
+    if not args:
+        return {}
+    try:
+        doc = msgspec.json.decode(args)
+    except msgspec.DecodeError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _dtype(types: Sequence[Any]) -> str | None:
+    return next((d for d in (torch_dtype(t) if isinstance(t, str) else None for t in types) if d), None)
+
+
+def _figure(name: str, doc: dict[str, Any]) -> tuple[int | None, str | None, str | None]:
+    """(flops, flops_source, reason) of one op from its decoded args."""
+    args = OpArgs(doc.get("Input Dims") or [], doc.get("Input type") or [], doc.get("Concrete Inputs") or [])
+    try:
+        return op_flops(name, args), "shapes", None
+    except NoFigure as exc:
+        reason = str(exc)
+    kineto = doc.get("flops")
+    if isinstance(kineto, int) and not isinstance(kineto, bool) and kineto > 0:
+        return kineto, "kineto", None
+    return None, None, reason
+
+
+@cached_frame("flop_ops")
+def flop_ops(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
+    """Every candidate op of the run with its FLOPs and whether it is counted (:data:`OPS_SCHEMA`,
+    module docs), plus ``gpu_ns``/``kernels``: the compute kernels each counted op launched."""
+    rf, extra = rank_filter(ranks)
+    rows = store.sql(f"""
+        SELECT rank, step, source::VARCHAR AS source, pid, tid, name, ts_ns, dur_ns, args
+        FROM events
+        WHERE run = $run AND kind = 'cpu_op' AND dur_ns IS NOT NULL AND ts_ns IS NOT NULL
+          AND list_contains($names, name) AND {rf}
+        ORDER BY rank, source, pid, tid, ts_ns, dur_ns DESC, list_contains($leaves, name)
+    """, {"run": run, "names": list(FLOP_OPS), "leaves": [n for n, op in FLOP_OPS.items() if op.leaf],
+          **extra}).to_pylist()
+    out: dict[str, list[Any]] = {field.name: [] for field in OPS_SCHEMA}
+    thread: tuple[Any, ...] | None = None
+    open_ops: list[tuple[int, int]] = []  # (end_ns, row index) of the enclosing ops that have FLOPs
+    for index, row in enumerate(rows):
+        key = (row["rank"], row["source"], row["pid"], row["tid"])
+        if key != thread:
+            thread, open_ops = key, []
+        start, end = row["ts_ns"], row["ts_ns"] + row["dur_ns"]
+        while open_ops and open_ops[-1][0] <= start:
+            open_ops.pop()
+        enclosing = [i for e, i in open_ops if end <= e]
+        doc = _decoded(row["args"])
+        flops, flops_source, reason = _figure(row["name"], doc)
+        leaf = FLOP_OPS[row["name"]].leaf
+        counted = flops is not None
+        if counted:
+            counting = [i for i in enclosing if out["counted"][i] and (out["leaf"][i] or not leaf)]
+            if counting:
+                counted, reason = False, f"inside {rows[counting[-1]]['name']}, which counts these products"
+            elif leaf:  # the leaf counts: the wrappers around it (the outermost counted until now) do not
+                for i in enclosing:
+                    out["counted"][i], out["reason"][i] = False, f"a wrapper: {row['name']} inside it counts"
+            open_ops.append((end, index))
+        for column, value in (("family", FLOP_OPS[row["name"]].family), ("leaf", leaf), ("flops", flops),
+                              ("flops_source", flops_source), ("dtype", _dtype(doc.get("Input type") or [])),
+                              ("counted", counted), ("reason", reason)):
+            out[column].append(value)
+        for column in ("rank", "step", "source", "pid", "tid", "name", "ts_ns", "dur_ns"):
+            out[column].append(row[column])
+    ops = pa.table(out, schema=OPS_SCHEMA)
+    return _with_kernel_time(store, run, ranks, ops)
+
+
+def _with_kernel_time(store: SQLStore, run: str, ranks: Sequence[int] | None, ops: pa.Table) -> pa.Table:
+    """Add ``gpu_ns`` and ``kernels``: compute kernels whose launch ran on a counted op's thread
+    inside the op (null on ops not counted and on ranks without kernels); ``tf32``: one of them
+    is a TF32 kernel (:data:`stepscope.analysis.peaks.TF32_KERNEL`)."""
+    rf, extra = rank_filter(ranks, "k.rank")
+    launches = store.sql(f"""
+        SELECT k.rank, l.source::VARCHAR AS source, l.pid, l.tid, l.ts_ns AS launch_ns, k.dur_ns,
+               regexp_matches(k.name, $tf32, 'i') AS tf32
+        FROM events k JOIN events l
+          ON l.run = $run AND l.rank = k.rank AND l.source = k.source AND l.correlation = k.correlation
+         AND l.kind IN ('cuda_runtime', 'cuda_driver')
+        WHERE k.run = $run AND k.kind = 'kernel' AND k.category = 'compute' AND k.dur_ns IS NOT NULL AND {rf}
+    """, {"run": run, "tf32": TF32_KERNEL, **extra})
+    return local_sql("""
+        WITH c AS (SELECT row_number() OVER () AS op_id, * FROM ops),
+        hit AS (
+          SELECT c.op_id, sum(l.dur_ns)::BIGINT AS gpu_ns, count(*) AS kernels, bool_or(l.tf32) AS tf32
+          FROM launches l ASOF JOIN (SELECT * FROM c WHERE counted) c
+            ON c.rank = l.rank AND c.source = l.source AND c.pid = l.pid AND c.tid = l.tid
+           AND l.launch_ns >= c.ts_ns
+          WHERE l.launch_ns <= c.ts_ns + c.dur_ns
+          GROUP BY c.op_id
+        ),
+        gpu_ranks AS (SELECT DISTINCT rank FROM launches)
+        SELECT c.* EXCLUDE (op_id),
+               CASE WHEN c.counted AND c.rank IN (SELECT rank FROM gpu_ranks) THEN coalesce(h.gpu_ns, 0) END AS gpu_ns,
+               CASE WHEN c.counted AND c.rank IN (SELECT rank FROM gpu_ranks) THEN coalesce(h.kernels, 0) END AS kernels,
+               coalesce(h.tf32, FALSE) AS tf32
+        FROM c LEFT JOIN hit h USING (op_id)
+        ORDER BY c.rank, c.ts_ns, c.source, c.pid, c.tid
+    """, ops=ops, launches=launches)
+
+
+# ---- per step and per family ----
+
+
+@dataclass(frozen=True)
+class Device:
+    """What a rank ran on: the trace's device name, its peak row, and whether it has GPU kernels."""
+
+    name: str | None
+    peak: DevicePeak | None
+    gpu: bool
+
+    def absence(self) -> str | None:
+        """Why this rank has no peak, or None."""
+        if not self.gpu:
+            return CPU_ONLY
+        if self.name is None:
+            return "the trace records no device name (no deviceProperties): its peak is unknown"
+        if self.peak is None:
+            return f"no dense peak known for {self.name!r} (the table in stepscope.analysis.peaks)"
+        return None
+
+
+def rank_devices(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> dict[int, Device]:
+    """Per rank: its device (name, peak row, GPU work present)."""
+    rf, extra = rank_filter(ranks, "s.rank")
+    rows = store.sql(f"""
+        SELECT s.rank, any_value(s.gpu_name) AS gpu_name,
+               EXISTS (SELECT 1 FROM events e WHERE e.run = $run AND e.rank = s.rank AND e.kind = 'kernel') AS gpu
+        FROM sources s WHERE s.run = $run AND {rf} GROUP BY s.rank
+    """, {"run": run, **extra}).to_pylist()
+    return {r["rank"]: Device(r["gpu_name"], device_peak(r["gpu_name"]), bool(r["gpu"])) for r in rows}
+
+
+@dataclass(frozen=True)
+class Ideal:
+    """Some ops' FLOPs, the dtype carrying most of them, and the time they would take at peak
+    (``ns``; None with ``reason`` when there is no peak)."""
+
+    flops: int
+    dtype: str | None
+    ns: float | None
+    reason: str | None
+    peak_dtype: str | None
+
+    @property
+    def peak_tflops(self) -> float | None:
+        """``flops / ns``: the dtype's peak, or the FLOP-weighted harmonic mean of several."""
+        return tflops(self.flops, self.ns) if self.ns else None
+
+
+def tflops(flops: float, ns: float | None) -> float | None:
+    """FLOPs over nanoseconds in TFLOP/s; None without a time."""
+    return flops / ns / FLOPS_PER_NS_PER_TFLOPS if ns else None
+
+
+def ideal_time(device: Device, flops_by_math: dict[tuple[str | None, bool], int]) -> Ideal:
+    """``sum flops / peak(dtype)`` in ns over some ops' FLOPs by (dtype, ran on TF32 kernels)
+    (module docs)."""
+    flops_by_math = {d: f for d, f in flops_by_math.items() if f}
+    flops_by_dtype: dict[str | None, int] = {}
+    for (op_dtype, _), op_flops in flops_by_math.items():
+        flops_by_dtype[op_dtype] = flops_by_dtype.get(op_dtype, 0) + op_flops
+    flops = sum(flops_by_dtype.values())
+    dtype = max(flops_by_dtype, key=lambda d: flops_by_dtype[d]) if flops_by_dtype else None
+    reason = device.absence()
+    if reason is None and not flops:
+        reason = "no FLOPs counted: no peak to relate them to"
+    if reason:
+        return Ideal(flops, dtype, None, reason, None)
+    assert device.peak is not None
+    ns = 0.0
+    columns = set()
+    for (op_dtype, tf32), op_flops in flops_by_math.items():
+        column = peak_dtype(device.peak, op_dtype, tf32)
+        if column is None:
+            return Ideal(flops, dtype, None, f"no {op_dtype or 'unknown dtype'} peak for {device.peak.device} "
+                         "in the peak table", None)
+        columns.add(column)
+        ns += op_flops / (device.peak.tflops[column] * FLOPS_PER_NS_PER_TFLOPS)
+    return Ideal(flops, dtype, ns, None, "+".join(sorted(columns)))
+
+
+def _grouped(rows: list[dict[str, Any]], *keys: str) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    out: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(tuple(row[k] for k in keys), []).append(row)
+    return out
+
+
+def _shapes_recorded(store: SQLStore, run: str, ranks: Sequence[int] | None) -> set[int]:
+    rf, extra = rank_filter(ranks)
+    rows = store.sql(f"""
+        SELECT DISTINCT rank FROM events
+        WHERE run = $run AND kind = 'cpu_op' AND args LIKE '%"Input Dims"%' AND {rf}
+    """, {"run": run, **extra}).to_pylist()
+    return {r["rank"] for r in rows}
+
+
+def mfu_steps(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
+    """Per rank and step: FLOPs (all and per family), step time, achieved TFLOP/s, peak, MFU.
+
+    Columns: ``rank, step, flops, matmul_flops, conv_flops, attention_flops, step_ns,
+    achieved_tflops, ideal_ns, peak_tflops, peak_dtype, dtype, mfu, device, kernel_ns`` (the
+    summed duration of the kernels the step's counted ops launched; null on CPU-only ranks),
+    ``absent_reason`` (why ``peak_tflops``/``mfu``/``ideal_ns`` are null). Ranks without recorded shapes have no
+    rows; the result is :class:`Absent` when no rank has both shapes and steps.
+    """
+    recorded = _shapes_recorded(store, run, ranks)
+    if not recorded:
+        return Absent(NO_SHAPES)
+    ops = flop_ops(store, run, ranks)
+    windows = step_windows(store, run, ranks)
+    per_dtype = local_sql(f"""
+        SELECT w.rank, w.step, w.dur_ns AS step_ns, o.dtype, coalesce(o.tf32, FALSE) AS tf32, {", ".join(
+            f"coalesce(sum(o.flops) FILTER (WHERE o.family = '{f}'), 0)::BIGINT AS {f}_flops" for f in FAMILIES)},
+               coalesce(sum(o.flops), 0)::BIGINT AS flops, sum(o.gpu_ns)::BIGINT AS kernel_ns
+        FROM windows w LEFT JOIN (SELECT * FROM ops WHERE counted) o ON o.rank = w.rank AND o.step = w.step
+        WHERE list_contains($recorded, w.rank)
+        GROUP BY ALL ORDER BY w.rank, w.step
+    """, {"recorded": sorted(recorded)}, ops=ops, windows=windows).to_pylist()
+    if not per_dtype:
+        return Absent(NO_STEPS)
+    devices = rank_devices(store, run, ranks)
+    return pa.Table.from_pylist(list(_step_rows(per_dtype, devices)), schema=MFU_SCHEMA)
+
+
+MFU_SCHEMA = pa.schema([
+    ("rank", pa.int64()), ("step", pa.int64()), ("flops", pa.int64()),
+    *[(f"{f}_flops", pa.int64()) for f in FAMILIES], ("step_ns", pa.int64()),
+    ("achieved_tflops", pa.float64()), ("ideal_ns", pa.float64()), ("peak_tflops", pa.float64()),
+    ("peak_dtype", pa.string()), ("dtype", pa.string()), ("mfu", pa.float64()), ("device", pa.string()),
+    ("kernel_ns", pa.int64()), ("absent_reason", pa.string()),
+])
+
+
+def _step_rows(per_dtype: list[dict[str, Any]], devices: dict[int, Device]) -> Iterator[dict[str, Any]]:
+    """One row per (rank, step) from the rows per (rank, step, dtype)."""
+    for (rank, step), parts in _grouped(per_dtype, "rank", "step").items():
+        device = devices.get(rank, Device(None, None, False))
+        ideal = ideal_time(device, {(p["dtype"], p["tf32"]): p["flops"] for p in parts})
+        step_ns = parts[0]["step_ns"]
+        peak = ideal.peak_tflops
+        yield {
+            "rank": rank, "step": step, "flops": ideal.flops,
+            **{f"{f}_flops": sum(p[f"{f}_flops"] for p in parts) for f in FAMILIES},
+            "step_ns": step_ns, "achieved_tflops": tflops(ideal.flops, step_ns),
+            "ideal_ns": ideal.ns if peak is not None else None, "peak_tflops": peak,
+            "peak_dtype": ideal.peak_dtype if peak is not None else None, "dtype": ideal.dtype,
+            "mfu": ideal.ns / step_ns if peak is not None and ideal.ns and step_ns else None,
+            "device": device.name,
+            "kernel_ns": sum(p["kernel_ns"] or 0 for p in parts) if device.gpu else None,
+            "absent_reason": ideal.reason if peak is None else None,
+        }
+
+
+def flops_by_family(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
+    """Per rank and family, over the whole trace: counted ops, FLOPs, their time (GPU kernels on a
+    GPU rank, the ops' own CPU time otherwise: ``time_source``), achieved TFLOP/s, the dtype's
+    peak and the fraction of it reached (``of_peak``), and the ops of the family not counted
+    for want of shapes (``uncounted_ops``: leaves only; nested and wrapper ops are not among them)."""
+    ops = flop_ops(store, run, ranks)
+    if ops.num_rows == 0:
+        return Absent(NO_FLOP_OPS)
+    families = local_sql("""
+        SELECT rank, family, dtype, tf32,
+               count(*) FILTER (WHERE counted) AS ops,
+               count(*) FILTER (WHERE flops IS NULL AND leaf) AS uncounted_ops,
+               coalesce(sum(flops) FILTER (WHERE counted), 0)::BIGINT AS flops,
+               sum(dur_ns) FILTER (WHERE counted)::BIGINT AS cpu_ns,
+               sum(gpu_ns) FILTER (WHERE counted)::BIGINT AS gpu_ns,
+               sum(kernels) FILTER (WHERE counted)::BIGINT AS kernels
+        FROM ops GROUP BY ALL ORDER BY rank, family, dtype NULLS LAST
+    """, ops=ops).to_pylist()
+    devices = rank_devices(store, run, ranks)
+    return pa.Table.from_pylist(list(_family_rows(families, devices)), schema=FAMILY_SCHEMA)
+
+
+FAMILY_SCHEMA = pa.schema([
+    ("rank", pa.int64()), ("family", pa.string()), ("ops", pa.int64()), ("uncounted_ops", pa.int64()),
+    ("flops", pa.int64()), ("kernels", pa.int64()), ("time_ns", pa.int64()), ("time_source", pa.string()),
+    ("achieved_tflops", pa.float64()), ("peak_tflops", pa.float64()), ("of_peak", pa.float64()),
+    ("dtype", pa.string()), ("absent_reason", pa.string()),
+])
+
+
+def _family_rows(rows: list[dict[str, Any]], devices: dict[int, Device]) -> Iterator[dict[str, Any]]:
+    """One row per (rank, family) from the rows per (rank, family, dtype)."""
+    for (rank, family), parts in _grouped(rows, "rank", "family").items():
+        device = devices.get(rank, Device(None, None, False))
+        ideal = ideal_time(device, {(p["dtype"], p["tf32"]): p["flops"] for p in parts})
+        time_ns = sum(p["gpu_ns" if device.gpu else "cpu_ns"] or 0 for p in parts)
+        achieved, peak = tflops(ideal.flops, time_ns), ideal.peak_tflops
+        reasons = [r for r in (ideal.reason if peak is None else None,
+                               "no time measured for these ops" if achieved is None and ideal.flops else None) if r]
+        yield {
+            "rank": rank, "family": family, "ops": sum(p["ops"] for p in parts),
+            "uncounted_ops": sum(p["uncounted_ops"] for p in parts), "flops": ideal.flops,
+            "kernels": sum(p["kernels"] or 0 for p in parts) if device.gpu else None,
+            "time_ns": time_ns, "time_source": "gpu_kernels" if device.gpu else "cpu_ops",
+            "achieved_tflops": achieved, "peak_tflops": peak,
+            "of_peak": achieved / peak if achieved is not None and peak else None,
+            "dtype": ideal.dtype, "absent_reason": "; ".join(reasons) or None,
+        }
+
+
+# ---- summary sections ----
+
+MFU_KEYS = ("rank", "step", "flops", *(f"{f}_flops" for f in FAMILIES), "step_ns", "achieved_tflops",
+            "peak_tflops", "dtype", "mfu", "peak_dtype", "ideal_ns", "device", "kernel_ns")
+"""Keys of each ``mfu`` item (docs/SUMMARY_JSON.md); the first eleven are the issue's contract."""
+
+_PEAK_KEYS = ("peak_tflops", "mfu", "peak_dtype", "ideal_ns")
+
+
+def _with_reasons(row: dict[str, Any], keys: Sequence[str], absent_keys: Sequence[str]) -> dict[str, Any]:
+    """``row`` restricted to ``keys``; the null ``absent_keys`` become :class:`Absent` with the row's reason."""
+    reason = row.get("absent_reason")
+    return {k: Absent(reason) if k in absent_keys and row[k] is None and reason else row[k] for k in keys}
+
+
+@section("mfu", order=55, to_json=lambda t: [_with_reasons(r, MFU_KEYS, _PEAK_KEYS) for r in t.to_pylist()])
+def mfu_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe[pa.Table]:
+    """Per rank and step: model FLOPs (matmul, convolution, attention), achieved TFLOP/s, and
+    MFU against the device's dense peak for the dtype."""
+    return mfu_steps(store, run, ranks)
+
+
+FAMILY_KEYS = ("rank", "family", "ops", "uncounted_ops", "flops", "kernels", "time_ns", "time_source",
+               "achieved_tflops", "peak_tflops", "of_peak", "dtype")
+
+
+@section("flops_by_family", order=56,
+         to_json=lambda t: [_with_reasons(r, FAMILY_KEYS, ("peak_tflops", "of_peak", "achieved_tflops"))
+                            for r in t.to_pylist()])
+def flops_by_family_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe[pa.Table]:
+    """Per rank and op family (matmul, conv, attention): FLOPs, the time of their kernels (or
+    ops, on CPU), achieved TFLOP/s and the fraction of the dtype's peak."""
+    return flops_by_family(store, run, ranks)
+
+
+# ---- the finding ----
+
+MFU_LOW = 0.30
+"""MFU below this (30% of the dense peak) while the step is compute-bound is worth a look."""
+COMPUTE_BOUND_SHARE = 0.5
+"""A step is compute-bound when compute kernels run (alone) for at least half of its window."""
+MFU_MIN_STAKE_NS = 1_000_000
+"""Less than 1 ms per step of compute above what peak would need is not a finding."""
+
+
+def low_mfu_findings(mfu: pa.Table, breakdown: pa.Table, families: pa.Table | Absent) -> Iterator[Finding]:
+    """Per rank: median MFU under :data:`MFU_LOW` over its compute-bound steps (module docs);
+    the time at stake is the compute time above what the products would need at peak."""
+    compute = {(r["rank"], r["step"]): r for r in breakdown.to_pylist()}
+    by_rank: dict[int, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for row in mfu.to_pylist():
+        step = compute.get((row["rank"], row["step"]))
+        if row["mfu"] is None or step is None or not step["dur_ns"]:
+            continue
+        if step[COMPUTE.column] >= COMPUTE_BOUND_SHARE * step["dur_ns"]:
+            by_rank.setdefault(row["rank"], []).append((row, step))
+    fam = {} if isinstance(families, Absent) else {(r["rank"], r["family"]): r for r in families.to_pylist()}
+    for rank, pairs in sorted(by_rank.items()):
+        value = median([row["mfu"] for row, _ in pairs])
+        stake = round(sum(step[COMPUTE.column] - row["ideal_ns"] for row, step in pairs) / len(pairs))
+        if value >= MFU_LOW or stake < MFU_MIN_STAKE_NS:
+            continue
+        row = pairs[0][0]
+        compute_ns = sum(step[COMPUTE.column] for _, step in pairs) / len(pairs)
+        share = compute_ns / (sum(step["dur_ns"] for _, step in pairs) / len(pairs))
+        ideal_ns = sum(r["ideal_ns"] for r, _ in pairs) / len(pairs)
+        kernel_ns = sum(r["kernel_ns"] or 0 for r, _ in pairs) / len(pairs)
+        rates = [f"{f} at {fam[(rank, f)]['of_peak']:.0%} of peak" for f in FAMILIES
+                 if (rank, f) in fam and fam[(rank, f)]["of_peak"] is not None and fam[(rank, f)]["flops"]]
+        advice = _advice(row, kernel_ns / compute_ns if compute_ns else 0.0)
+        yield Finding(
+            Severity.WARNING, "mfu.low",
+            f"MFU {value:.1%} on rank {rank} (median of {len(pairs)} compute-bound steps, compute {share:.0%} of the "
+            f"step): the products would need {ideal_ns / 1e6:.1f} ms per step at the {row['device']}'s dense "
+            f"{_peak_words(row)}; compute takes {compute_ns / 1e6:.1f} ms, "
+            f"of which their kernels {kernel_ns / 1e6:.1f} ms" + (f" ({', '.join(rates)})" if rates else "")
+            + f": {advice}",
+            {"rank": rank, "ranks": [rank], "mfu_median": round(value, 4),
+             "steps": len(pairs), "compute_share": round(share, 4), "ideal_ns": round(ideal_ns),
+             "compute_ns": round(compute_ns), "kernel_ns": round(kernel_ns), "dtype": row["dtype"],
+             "peak_tflops": row["peak_tflops"],
+             "device": row["device"]},
+            ranks=(rank,),
+            time_at_stake_ns=stake,
+        )
+
+
+def _peak_words(row: dict[str, Any]) -> str:
+    """``bf16 peak (989 TFLOP/s)``, or for a step of several columns ``fp32 and tf32 peaks (by
+    the kernels of each product; 120 TFLOP/s over the step)``."""
+    columns = row["peak_dtype"].split("+")
+    if len(columns) == 1:
+        return f"{columns[0]} peak ({row['peak_tflops']:.0f} TFLOP/s)"
+    return (f"{' and '.join(columns)} peaks (by the kernels of each product; {row['peak_tflops']:.0f} TFLOP/s "
+            "over the step)")
+
+
+def _advice(row: dict[str, Any], products_share: float) -> str:
+    """What the numbers point at: compute outside the products, float32 without TF32, or slow products."""
+    if products_share < 0.5:
+        return ("most compute is outside the matrix products (embedding lookups, elementwise ops, normalisation: "
+                "memory-bound kernels, see the top kernels), so MFU cannot be high until those shrink")
+    device = device_peak(row["device"])
+    if row["dtype"] == "float32" and row["peak_dtype"] == "fp32" and device and "tf32" in device.tflops:
+        return (f"float32 products on FP32 kernels (no TF32: PyTorch's default): allow TF32 "
+                f"(torch.set_float32_matmul_precision('high'), a {device.tflops['tf32']:.0f} TFLOP/s peak) or "
+                "train in bfloat16")
+    return "the products run far below peak: small or oddly shaped matrices (grow the batch, dimensions in multiples of 64)"
+
+
+@rule("mfu.low", needs=("mfu", "ranks"))
+def mfu_low(results: Results) -> Iterator[Finding]:
+    """MFU under 30% of the device's dense peak while compute kernels take at least half of the
+    step: the time at stake is the compute time above what the products would need at peak."""
+    ranks = results["ranks"]
+    breakdown = getattr(ranks, "breakdown", None)
+    mfu = results["mfu"]
+    if not isinstance(breakdown, pa.Table) or not isinstance(mfu, pa.Table):
+        return
+    yield from low_mfu_findings(mfu, breakdown, results.get("flops_by_family", Absent("not computed")))

@@ -1,0 +1,90 @@
+"""Terminal and Markdown blocks for the summary sections whose generic rendering would bury the
+figure that matters: the pipeline's bubbles beside the schedule's ideal, MFU per step.
+
+Pure: summary JSON in (docs/SUMMARY_JSON.md), ``(title, columns, rows)`` blocks out, in the
+units of :mod:`stepscope.render.units`. ``stepscope summary`` looks a section up here and falls
+back to its generic rendering for the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from stepscope.render.units import MISSING, count, duration, percent, significant
+
+Block = tuple[str, list[str], list[list[str]]]
+
+
+def _ns(value: Any) -> str:
+    return MISSING if value is None else duration(value)
+
+
+def _fraction(value: Any) -> str:
+    return MISSING if value is None else percent(100 * value)
+
+
+def pipeline_blocks(title: str, pipe: dict[str, Any]) -> Iterator[Block]:
+    """The schedule and its ideal, then every stage's step: busy and the bubble split."""
+    reasons = pipe.get("absent_reasons", {})
+    per_rank = pipe.get("stages_per_rank") or 1
+    shape = f"{pipe['stages_count']} stages" + (f" x {per_rank} per rank" if per_rank > 1 else "")
+    microbatches = pipe.get("microbatches")
+    yield (f"{title}: {pipe['schedule']}, {shape}, "
+           + (f"{microbatches} microbatches" if microbatches is not None else "microbatches unknown"),
+           ["pipelines (ranks in stage order)", "ideal bubble", "measured bubble"],
+           [[" ; ".join(" -> ".join(map(str, p)) for p in pipe["pipelines"]),
+             _fraction(pipe.get("ideal_fraction")) if "ideal_fraction" not in reasons else f"- ({reasons['ideal_fraction']})",
+             _fraction(pipe.get("measured_fraction"))]])
+    ideal = pipe.get("ideal_fraction")
+    yield (f"{title}: per stage and step (bubble = fill + wait + drain)",
+           ["stage", "rank", "step", "step time", "busy", "fill", "wait", "drain", "bubble", "vs ideal", "order"],
+           [[str(s["stage"]), str(s["rank"]), str(s["step"]), _ns(s["step_ns"]), _ns(s["busy_ns"]), _ns(s["fill_ns"]),
+             _ns(s["wait_ns"]), _ns(s["drain_ns"]), _fraction(s["bubble_fraction"]),
+             MISSING if ideal is None or s["bubble_fraction"] is None else f"{100 * (s['bubble_fraction'] - ideal):+.0f} pts",
+             s["order"]] for s in pipe["stages"]])
+
+
+def _tflops(value: Any) -> str:
+    return MISSING if value is None else significant(value)
+
+
+def _gflop(flops: Any) -> str:
+    return MISSING if flops is None else count(round(flops / 1e9, 3))
+
+
+def _why_not(rows: list[dict[str, Any]], key: str) -> Iterator[Block]:
+    """One row per distinct reason a column is n/a."""
+    reasons = sorted({(r.get("absent_reasons") or {}).get(key) for r in rows} - {None})
+    if reasons:
+        yield (f"why {key} is n/a", ["reason"], [[reason] for reason in reasons])
+
+
+def mfu_blocks(title: str, rows: list[dict[str, Any]]) -> Iterator[Block]:
+    """Per rank and step: model FLOPs, achieved TFLOP/s, the peak used and MFU (or why none)."""
+    yield (f"{title}: model FLOPs and MFU per step",
+           ["rank", "step", "GFLOP", "matmul", "conv", "attention", "step time", "TFLOP/s", "dtype", "peak TFLOP/s",
+            "MFU"],
+           [[str(r["rank"]), str(r["step"]), _gflop(r["flops"]),
+             *(_fraction(r[f"{f}_flops"] / r["flops"]) if r["flops"] else MISSING for f in ("matmul", "conv", "attention")),
+             _ns(r["step_ns"]), _tflops(r["achieved_tflops"]), r["dtype"] or MISSING, _tflops(r["peak_tflops"]),
+             _fraction(r["mfu"])] for r in rows])
+    yield from _why_not(rows, "mfu")
+
+
+def family_blocks(title: str, rows: list[dict[str, Any]]) -> Iterator[Block]:
+    """Per rank and op family: FLOPs over the time of their kernels (or CPU ops), against peak."""
+    yield (f"{title}: achieved TFLOP/s per op family (whole trace)",
+           ["rank", "family", "ops", "GFLOP", "time", "on", "TFLOP/s", "dtype", "peak TFLOP/s", "of peak"],
+           [[str(r["rank"]), r["family"], count(r["ops"]), _gflop(r["flops"]), _ns(r["time_ns"]),
+             "GPU kernels" if r["time_source"] == "gpu_kernels" else "CPU ops", _tflops(r["achieved_tflops"]),
+             r["dtype"] or MISSING, _tflops(r["peak_tflops"]), _fraction(r["of_peak"])] for r in rows])
+    yield from _why_not(rows, "peak_tflops")
+
+
+SECTION_BLOCKS: dict[str, Callable[[str, Any], Iterator[Block]]] = {
+    "pipeline": pipeline_blocks,
+    "mfu": mfu_blocks,
+    "flops_by_family": family_blocks,
+}
+"""Section name -> its blocks; sections not here are rendered generically."""
