@@ -181,9 +181,9 @@ def test_summary_keys_and_terminal_columns_follow_the_catalogue(tiny_store: Any)
     assert [k for k in step["host"] if k != "absent_reasons"] == [*HOST.all_columns, "dur_ns"]
     assert set(step["absent_reasons"]) == {p.column for p in parts.COMM_EXPOSED.sub_parts}
     text = render_table(doc, sections=("ranks",))
-    gpu_header = next(line for line in text.splitlines() if line.startswith("step") and "dur ms" in line)
+    gpu_header = next(line for line in text.splitlines() if line.startswith("step ") and "  step time  " in line)
     headers = [e.short for e in (*GPU.with_sub_parts(), *GPU.hidden) if e.short]
-    assert re.split(r"\s{2,}", gpu_header) == ["step", "dur ms", *headers]
+    assert re.split(r"\s{2,}", gpu_header) == ["step", "step time", *headers]
 
 
 def test_compare_metrics_and_budgets_follow_the_catalogue() -> None:

@@ -105,9 +105,9 @@ def test_cli_prints_every_format(ingested: Callable[[str], Path], capsys: pytest
     assert main(["summary", "--store", store, "--run", "t", "--rank", "1", "--format", "markdown"]) == 0
     markdown = capsys.readouterr().out
     assert markdown.startswith("# stepscope summary: run `t`") and "## What bounds the step" in markdown
-    assert "| step | dur ms |" not in markdown  # per-rank tables only when asked for
+    assert "| step | step time |" not in markdown  # per-rank tables only when asked for
     assert main(["summary", "--store", store, "--format", "markdown", "--section", "ranks"]) == 0
-    assert "| step | dur ms |" in capsys.readouterr().out
+    assert "| step | step time |" in capsys.readouterr().out
     assert main(["summary", "--store", store]) == 0
     screen = capsys.readouterr().out
     assert screen.startswith("run t: 1 rank traced of 2, nccl, Tesla V100-SXM2-32GB x2\nstep time ")

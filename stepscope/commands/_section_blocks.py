@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from stepscope.render.units import MISSING, count, duration, percent, significant
+from stepscope.render.units import MISSING, count, format_value, percent, significant
 
 Block = tuple[str, list[str], list[list[str]]]
 
 
-def _ns(value: Any) -> str:
-    return MISSING if value is None else duration(value)
+def ns_cell(value: Any) -> str:
+    """A duration in ns as text (``n/a`` when missing)."""
+    return format_value(value, "ns")
 
 
 def _fraction(value: Any) -> str:
@@ -39,8 +40,8 @@ def pipeline_blocks(title: str, pipe: dict[str, Any]) -> Iterator[Block]:
     ideal = pipe.get("ideal_fraction")
     yield (f"{title}: per stage and step (bubble = fill + wait + drain)",
            ["stage", "rank", "step", "step time", "busy", "fill", "wait", "drain", "bubble", "vs ideal", "order"],
-           [[str(s["stage"]), str(s["rank"]), str(s["step"]), _ns(s["step_ns"]), _ns(s["busy_ns"]), _ns(s["fill_ns"]),
-             _ns(s["wait_ns"]), _ns(s["drain_ns"]), _fraction(s["bubble_fraction"]),
+           [[str(s["stage"]), str(s["rank"]), str(s["step"]), ns_cell(s["step_ns"]), ns_cell(s["busy_ns"]), ns_cell(s["fill_ns"]),
+             ns_cell(s["wait_ns"]), ns_cell(s["drain_ns"]), _fraction(s["bubble_fraction"]),
              MISSING if ideal is None or s["bubble_fraction"] is None else f"{100 * (s['bubble_fraction'] - ideal):+.0f} pts",
              s["order"]] for s in pipe["stages"]])
 
@@ -67,7 +68,7 @@ def mfu_blocks(title: str, rows: list[dict[str, Any]]) -> Iterator[Block]:
             "MFU"],
            [[str(r["rank"]), str(r["step"]), _gflop(r["flops"]),
              *(_fraction(r[f"{f}_flops"] / r["flops"]) if r["flops"] else MISSING for f in ("matmul", "conv", "attention")),
-             _ns(r["step_ns"]), _tflops(r["achieved_tflops"]), r["dtype"] or MISSING, _tflops(r["peak_tflops"]),
+             ns_cell(r["step_ns"]), _tflops(r["achieved_tflops"]), r["dtype"] or MISSING, _tflops(r["peak_tflops"]),
              _fraction(r["mfu"])] for r in rows])
     yield from _why_not(rows, "mfu")
 
@@ -76,7 +77,7 @@ def family_blocks(title: str, rows: list[dict[str, Any]]) -> Iterator[Block]:
     """Per rank and op family: FLOPs over the time of their kernels (or CPU ops), against peak."""
     yield (f"{title}: achieved TFLOP/s per op family (whole trace)",
            ["rank", "family", "ops", "GFLOP", "time", "on", "TFLOP/s", "dtype", "peak TFLOP/s", "of peak"],
-           [[str(r["rank"]), r["family"], count(r["ops"]), _gflop(r["flops"]), _ns(r["time_ns"]),
+           [[str(r["rank"]), r["family"], count(r["ops"]), _gflop(r["flops"]), ns_cell(r["time_ns"]),
              "GPU kernels" if r["time_source"] == "gpu_kernels" else "CPU ops", _tflops(r["achieved_tflops"]),
              r["dtype"] or MISSING, _tflops(r["peak_tflops"]), _fraction(r["of_peak"])] for r in rows])
     yield from _why_not(rows, "peak_tflops")

@@ -12,13 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stepscope.commands._section_blocks import SECTION_BLOCKS
+from stepscope.commands._section_blocks import SECTION_BLOCKS, ns_cell
 from stepscope.errors import UsageError
 from stepscope.render.table import Column, Table, terminal_width, to_markdown, to_terminal
-from stepscope.render.units import duration, percent
-
-SECTION_NAMES = "ranks, kernels, comm, late, copies, memory, mfu, pipeline, findings"
-"""The sections ``--section`` is most often asked for (the help and the first screen's hint)."""
+from stepscope.render.units import duration, format_value, percent
 
 if TYPE_CHECKING:
     from stepscope.analysis.parts import Breakdown
@@ -36,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only this rank (repeat for several)")
     parser.add_argument("--format", choices=FORMATS, default="table")
     parser.add_argument("--section", action="append", metavar="NAME",
-                        help=f"after the verdict, also this section's tables (repeat for several): {SECTION_NAMES}")
+                        help="after the verdict, also this section's tables (repeat for several); the first "
+                             "screen lists the run's sections")
     parser.add_argument("--verbose", action="store_true", help="after the verdict, every section's tables")
 
 
@@ -72,10 +70,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def known_sections(doc: dict[str, Any]) -> tuple[str, ...]:
+    """The sections of this summary document that ``--section`` can ask for, in its order."""
+    return tuple(k for k in doc if k not in _RESERVED or k in ("ranks", "findings"))
+
+
 def _chosen_sections(doc: dict[str, Any], asked: list[str] | None, verbose: bool) -> tuple[str, ...]:
     """The sections whose tables follow the verdict: every one with ``--verbose``, those asked
     for with ``--section`` (an unknown name is a usage error naming the known ones)."""
-    known = tuple(k for k in doc if k not in _RESERVED or k in ("ranks", "findings"))
+    known = known_sections(doc)
     if verbose:
         return known
     for name in asked or ():
@@ -87,26 +90,19 @@ def _chosen_sections(doc: dict[str, Any], asked: list[str] | None, verbose: bool
 # ---- rendering ----
 
 
-def _ms(ns: Any) -> str:
-    return "-" if ns is None else f"{ns / 1e6:,.2f}"
-
-
-def _pct(part: Any, whole: Any) -> str:
-    if part is None or not whole:
-        return "-"
-    return f"{100 * part / whole:.1f}%"
+def _share(part: Any, whole: Any) -> str:
+    """``part`` as a percentage of ``whole`` (``n/a`` when either is missing)."""
+    return format_value(100 * part / whole if part is not None and whole else None, "pct")
 
 
 def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.2f}"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
+    """A value of a section's JSON: numbers as :func:`~stepscope.render.units.number`, lists and
+    objects as JSON."""
     if isinstance(value, (list, dict)):
         return json.dumps(value)
-    return str(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format_value(value, "number")
+    return format_value(value, "text")
 
 
 def _table_columns(breakdown: Breakdown) -> list[tuple[str, str]]:
@@ -128,11 +124,11 @@ def _rank_blocks(rank: dict[str, Any]) -> Iterator[Block]:
     else:
         gpu = any(s.get(GPU.columns[0]) is not None for s in steps)  # GPU parts are null without GPU events
         if gpu:
-            cols = ["step", "dur ms"] + [c for c, _ in step_columns]
-            rows = [[str(s["step"]), _ms(s["dur_ns"])] + [_pct(s[k], s["dur_ns"]) for _, k in step_columns] for s in steps]
+            cols = ["step", "step time"] + [c for c, _ in step_columns]
+            rows = [[str(s["step"]), ns_cell(s["dur_ns"])] + [_share(s[k], s["dur_ns"]) for _, k in step_columns] for s in steps]
             yield (f"rank {r}: GPU time per step (% of step; parts sum to 100%)", cols, rows)
-        cols = ["step", "cpu ms"] + [c for c, _ in host_columns]
-        rows = [[str(s["step"]), _ms(s["host"]["dur_ns"])] + [_pct(s["host"][k], s["host"]["dur_ns"]) for _, k in host_columns]
+        cols = ["step", "host time"] + [c for c, _ in host_columns]
+        rows = [[str(s["step"]), ns_cell(s["host"]["dur_ns"])] + [_share(s["host"][k], s["host"]["dur_ns"]) for _, k in host_columns]
                 for s in steps]
         yield (f"rank {r}: host time per step (% of ProfilerStep)", cols, rows)
     totals = rank.get("totals")
@@ -144,16 +140,15 @@ def _rank_blocks(rank: dict[str, Any]) -> Iterator[Block]:
             span = totals["gpu_span_ns"]
             overlap = totals.get("comm_comp_overlap_pct")
             yield (f"rank {r}: whole trace (HTA definitions)",
-                   ["gpu span ms", "idle", "compute", "non-compute", "comm/comp overlap"],
-                   [[_ms(span), _pct(totals["gpu_idle_ns"], span), _pct(totals["compute_ns"], span),
-                     _pct(totals["non_compute_ns"], span),
-                     "-" if overlap is None else f"{overlap:.1f}%"]])
+                   ["gpu span", "idle", "compute", "non-compute", "comm/comp overlap"],
+                   [[ns_cell(span), _share(totals["gpu_idle_ns"], span), _share(totals["compute_ns"], span),
+                     _share(totals["non_compute_ns"], span), format_value(overlap, "pct")]])
     stats = rank.get("step_stats")
     if stats:
         yield (f"rank {r}: step times",
-               ["source", "steps", "median ms", "p90 ms", "min ms", "max ms", "spread"],
-               [[s["source"], str(s["steps"]), _ms(s["median_ns"]), _ms(s["p90_ns"]), _ms(s["min_ns"]),
-                 _ms(s["max_ns"]), f"{s['spread_pct']:.1f}%"] for s in stats])
+               ["source", "steps", "median", "p90", "min", "max", "spread"],
+               [[s["source"], str(s["steps"]), ns_cell(s["median_ns"]), ns_cell(s["p90_ns"]), ns_cell(s["min_ns"]),
+                 ns_cell(s["max_ns"]), format_value(s["spread_pct"], "pct")] for s in stats])
 
 
 def _generic_blocks(title: str, value: Any) -> Iterator[Block]:
@@ -266,7 +261,8 @@ def verdict_tables(doc: dict[str, Any]) -> tuple[list[str], list[Table]]:
     return lines, out
 
 
-_HINT = f"per rank and per section: --section NAME ({SECTION_NAMES}) or --verbose"
+def _hint(doc: dict[str, Any]) -> str:
+    return f"per rank and per section: --section NAME ({', '.join(known_sections(doc))}) or --verbose"
 
 
 def tables(doc: dict[str, Any], sections: tuple[str, ...] | None = None) -> list[Table]:
@@ -280,7 +276,7 @@ def render_table(doc: dict[str, Any], width: int | None = None, sections: tuple[
     text = "\n".join(lines) + "\n\n" + to_terminal(first, width)
     if sections:
         return text + "\n\n" + to_terminal(tables(doc, sections), width)
-    return text + "\n\n" + _HINT
+    return text + "\n\n" + _hint(doc)
 
 
 def render_markdown(doc: dict[str, Any], sections: tuple[str, ...] = ()) -> str:
@@ -288,5 +284,5 @@ def render_markdown(doc: dict[str, Any], sections: tuple[str, ...] = ()) -> str:
     lines, first = verdict_tables(doc)
     out = [f"# stepscope summary: run `{doc['run']}`", "", *(f"{line}  " for line in lines), ""]
     out += [to_markdown(t, level=2) for t in first]
-    out += [to_markdown(t, level=2) for t in tables(doc, sections)] if sections else [f"_{_HINT}_"]
+    out += [to_markdown(t, level=2) for t in tables(doc, sections)] if sections else [f"_{_hint(doc)}_"]
     return "\n".join(out).rstrip()
