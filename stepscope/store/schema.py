@@ -150,6 +150,7 @@ SOURCES = pa.schema(
         pa.field("distributed_info", pa.string()),
         pa.field("metadata", pa.string()),
         pa.field("tags", pa.string()),
+        pa.field("process_id", pa.int64()),
     ]
 )
 
