@@ -16,7 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", help="run name (default: the folder that holds the files)")
     parser.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="tag the run")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                        help="convert N files at once in worker processes (default: the machine's cores)")
+                        help="convert N files at once in worker processes (default: the machine's cores; "
+                             "a batch under 32 MB converts in one process)")
     parser.add_argument("--on-conflict", choices=("session", "refuse"), default="session",
                         help="another recording of a rank the run holds: store it as a run of its own "
                              "(session, the default) or refuse it")
@@ -40,7 +41,7 @@ def _tags(pairs: list[str]) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.errors import UsageError
-    from stepscope.store.ingest import IngestedTrace, default_jobs, ingest_paths
+    from stepscope.store.ingest import IngestedTrace, ingest_paths
 
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: give at least 1")
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             write(f"{outcome.path}: {outcome.note}")
 
     report = ingest_paths(args.paths, args.store, args.run, tags=_tags(args.tag),
-                          jobs=args.jobs or default_jobs(), on_conflict=args.on_conflict,
+                          jobs=args.jobs, on_conflict=args.on_conflict,
                           memory_limit=args.memory_limit, on_selected=selected, on_done=done)
     if bar is not None:
         bar.close()

@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import pyarrow.parquet as pq
-
+from stepscope.store.engine import scratch
 from stepscope.store.writer import part_path, temporary_path
 
 try:
@@ -44,8 +43,6 @@ LOCK_NAME = ".commit.lock"
 
 INDEX_NAME = ".content"
 """The content index folder at the store's root: one small file per committed trace."""
-
-_COLUMNS = ("source", "path", "trace_start_ns", "trace_end_ns", "process_id")
 
 
 @dataclass(frozen=True)
@@ -61,16 +58,23 @@ class StoredTrace:
     run: str = ""
 
 
+def _rows(part: Path) -> list[dict[str, object]]:
+    """The rows of one small part (DuckDB: no pyarrow import in an ingest)."""
+    cursor = scratch()
+    try:
+        cursor.execute("SELECT * FROM read_parquet(?)", [str(part)])
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row)) for row in cursor.fetchall()]
+    finally:
+        cursor.close()
+
+
 def _read(part: Path, rank: int) -> list[StoredTrace]:
-    """The traces one ``sources`` part commits. ``ParquetFile`` rather than a dataset:
-    ``pyarrow.dataset`` costs 0.2 s to import. Columns a store of an older schema version lacks
+    """The traces one ``sources`` part commits. Columns a store of an older schema version lacks
     read as null."""
-    file = pq.ParquetFile(part)
-    present = [c for c in _COLUMNS if c in file.schema_arrow.names]
-    rows = file.read(columns=present).to_pylist()
     run = part.parent.parent.name.removeprefix("run=")
     return [StoredTrace(r["source"], rank, r["path"], r["trace_start_ns"], r["trace_end_ns"],
-                        r.get("process_id"), run) for r in rows]
+                        r.get("process_id"), run) for r in _rows(part)]
 
 
 def rank_traces(root: Path, run: str, rank: int) -> list[StoredTrace]:
@@ -84,7 +88,7 @@ def stored_steps(root: Path, trace: StoredTrace) -> frozenset[int]:
     part = part_path(root, "steps", trace.run, trace.rank, trace.source)
     if not part.is_file():
         return frozenset()
-    return frozenset(pq.ParquetFile(part).read(columns=["step"]).column("step").to_pylist())
+    return frozenset(r["step"] for r in _rows(part))
 
 
 def _committed(root: Path, run: str, rank: int, source: str) -> StoredTrace | None:

@@ -7,6 +7,7 @@ here without importing pyarrow (~30 MB of resident memory that one ingest does n
 from __future__ import annotations
 
 import atexit
+import functools
 import itertools
 import os
 import secrets
@@ -43,10 +44,25 @@ def connect(*, limit: str | None = None, spill: bool = True,
     folder would otherwise be readable through it); else each connection spills into a private
     folder of this process's own under the system's temporary directory, never ``./.tmp``."""
     chosen = resolve_memory_limit(limit)
-    spill_to = str(_SPILL_ROOT / str(next(_spill_numbers))) if spill else ""
+    spill_to = ""
+    if spill:  # DuckDB creates the folder itself, not its parents
+        _SPILL_ROOT.mkdir(parents=True, exist_ok=True)
+        spill_to = str(_SPILL_ROOT / str(next(_spill_numbers)))
     try:
         return duckdb.connect(":memory:", config={"threads": threads or THREADS, "memory_limit": chosen,
                                                   "temp_directory": spill_to})
     except duckdb.Error as exc:
         raise UsageError(f"memory limit {chosen!r} (--memory-limit or ${MEMORY_LIMIT_ENV}): "
                          f"not a size such as 8GB or 40% ({exc})") from exc
+
+
+@functools.lru_cache(maxsize=1)
+def _housekeeping() -> duckdb.DuckDBPyConnection:
+    return connect(limit="64MB", spill=False, threads=1)
+
+
+def scratch() -> duckdb.DuckDBPyConnection:
+    """A cursor on this process's small connection for the store's housekeeping reads (a few
+    rows of a few parts: the dedupe and session checks), one thread, 64 MB; a cursor per caller,
+    so threads may use it at once."""
+    return _housekeeping().cursor()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from stepscope.errors import TraceFormatError
-from stepscope.store.schema import INT64_MAX, out_of_range
+from stepscope.store.constants import INT64_MAX, out_of_range
 from stepscope.store.split import split_trace
 from stepscope.store.textstream import TextStream
 

@@ -14,26 +14,16 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
-"""Bump on any change a reader would notice; readers refuse files from a newer version."""
-
-SCHEMA_VERSION_KEY = b"stepscope.schema_version"
-TABLE_KEY = b"stepscope.table"
-
-PARTITION_COLUMNS = ("run", "rank")
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-"""The range of every integer column: a number outside it is refused ("out of range"), never
-stored as 0 or wrapped round."""
-
-
-def out_of_range(what: str, value: object, unit: str = "") -> str:
-    """The one wording of that refusal: ``<what> <value> is out of range (...)``, the value cut
-    short when it has hundreds of digits."""
-    text = str(value)
-    if len(text) > 32:
-        text = f"{text[:12]}...({len(text)} characters)"
-    return f"{what} {text} is out of range (the store holds int64{' ' + unit if unit else ''})"
+from stepscope.store.constants import (  # noqa: F401 - part of this module's interface
+    INT64_MAX,
+    INT64_MIN,
+    PARTITION_COLUMNS,
+    SCHEMA_VERSION,
+    SCHEMA_VERSION_KEY,
+    TABLE_KEY,
+    file_metadata,
+    out_of_range,
+)
 
 KINDS = (
     "cpu_op",
@@ -221,8 +211,3 @@ TABLES: dict[str, Table] = {
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""
-
-
-def file_metadata(table: str) -> dict[bytes, bytes]:
-    """Key/value metadata written into every Parquet file of ``table``."""
-    return {SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode(), TABLE_KEY: table.encode()}

@@ -30,7 +30,7 @@ import msgspec
 
 from stepscope.errors import TraceFormatError
 
-PIECE_BYTES = 8 << 20
+PIECE_BYTES = 4 << 20
 """Target size of one piece of events text (one file DuckDB reads; pieces are read in parallel)."""
 HEAD_LIMIT = 256 << 20
 """Text read looking for ``traceEvents`` before a file is declared not a Kineto trace."""

@@ -33,7 +33,7 @@ GZIP_WBITS = 16 + zlib.MAX_WBITS
 """wbits that make (isal_)zlib expect a gzip header and trailer."""
 READ_BYTES = 4 << 20
 """Bytes read from the file per block."""
-TEXT_BYTES = 8 << 20
+TEXT_BYTES = 4 << 20
 """At most this much decompressed text per block handed on."""
 
 _INFLATE_ERRORS: tuple[type[BaseException], ...] = tuple(

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Union
 
-from stepscope.store import schema
+from stepscope.store.constants import file_metadata
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -91,8 +91,10 @@ def _encodings(spec: "pa.Schema") -> dict[str, object]:
 def _write_arrow(data: "pa.Table", table: str, path: Path) -> None:
     import pyarrow.parquet as pq
 
+    from stepscope.store import schema
+
     spec = schema.TABLES[table].schema
-    data = data.cast(spec).replace_schema_metadata(schema.file_metadata(table))
+    data = data.cast(spec).replace_schema_metadata(file_metadata(table))
     with open(path, "wb") as handle:
         pq.write_table(data, handle, compression="zstd", compression_level=3,
                        row_group_size=256 * 1024, **_encodings(spec))
@@ -121,7 +123,7 @@ def write_partition(root: Path | str, table: str, run: str, rank: int, source: s
     tmp = temporary_path(target)
     try:
         if hasattr(data, "write_parquet"):
-            data.write_parquet(tmp, schema.file_metadata(table))
+            data.write_parquet(tmp, file_metadata(table))
         else:
             _write_arrow(data, table, tmp)
         _fsync(tmp)

@@ -1,0 +1,34 @@
+"""The store's format facts that need no Arrow: its schema version and the range of its integers.
+
+A module apart from ``schema`` (which builds Arrow schemas, and importing pyarrow costs ~36 MB of
+resident memory): ingest writes its parts with DuckDB and needs only these. ``schema`` re-exports
+every name here.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+"""Bump on any change a reader would notice; readers refuse files from a newer version."""
+
+SCHEMA_VERSION_KEY = b"stepscope.schema_version"
+TABLE_KEY = b"stepscope.table"
+
+PARTITION_COLUMNS = ("run", "rank")
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""The range of every integer column: a number outside it is refused ("out of range"), never
+stored as 0 or wrapped round."""
+
+
+def out_of_range(what: str, value: object, unit: str = "") -> str:
+    """The one wording of that refusal: ``<what> <value> is out of range (...)``, the value cut
+    short when it has hundreds of digits."""
+    text = str(value)
+    if len(text) > 32:
+        text = f"{text[:12]}...({len(text)} characters)"
+    return f"{what} {text} is out of range (the store holds int64{' ' + unit if unit else ''})"
+
+
+def file_metadata(table: str) -> dict[bytes, bytes]:
+    """Key/value metadata written into every Parquet file of ``table``."""
+    return {SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode(), TABLE_KEY: table.encode()}
