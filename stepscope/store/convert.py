@@ -63,8 +63,8 @@ RAW_COLUMNS = ("{ph: 'VARCHAR', name: 'VARCHAR', cat: 'VARCHAR', ts: 'DECIMAL(38
 (DuckDB rewrites only whitespace, escapes and the spelling of doubles)."""
 
 US_LIMIT = 10**16
-"""|microseconds| from which no time fits int64 ns (9.2e15 us); checked before multiplying, so
-that the product stays inside ``DECIMAL(38, 3)``."""
+"""|microseconds| from which no time fits int64 ns (9.2e15 us): such a value, beyond even the
+decimal DuckDB reads it into, is refused as out of range from the read error it causes."""
 MARGIN_NS = 1000
 """Times within 1 us of int64's ends are refused too (as before: no rounding may cross them)."""
 STAGE_SUFFIX = ".staged.parquet"
@@ -202,8 +202,7 @@ def _stage_query(piece: Path) -> str:
                        CASE WHEN dur IS NOT NULL AND dur_ns IS NULL THEN dur::VARCHAR END AS dur_beyond,
                        pid AS pid_json, tid AS tid_json, id AS id_json, args, cat
                 FROM (SELECT * REPLACE (coalesce(name, '') AS name, coalesce(ph, '') AS ph),
-                             CASE WHEN abs(ts) < {US_LIMIT} THEN TRY_CAST(ts * 1000 AS BIGINT) END AS ts_rel,
-                             CASE WHEN abs(dur) < {US_LIMIT} THEN TRY_CAST(dur * 1000 AS BIGINT) END AS dur_ns
+                             TRY(CAST(ts * 1000 AS BIGINT)) AS ts_rel, TRY(CAST(dur * 1000 AS BIGINT)) AS dur_ns
                       FROM read_json({_sql_string(str(piece))}, format = 'array', columns = {RAW_COLUMNS}))
             )
         )
