@@ -1,7 +1,11 @@
 """One error hierarchy for the whole tool: each error carries the exit code the CLI returns.
 
 Library code raises these; only ``stepscope.cli`` turns them into messages and exit codes, so a
-script embedding stepscope gets exceptions, never ``sys.exit``.
+script embedding stepscope gets exceptions, never ``sys.exit``. Whose fault it is decides the
+class: :class:`UsageError` only for what the user typed (a flag, a run or baseline name, their
+own SQL), :class:`TraceFormatError`/:class:`StoreError` for input that cannot be read, and
+:class:`InternalError` (or any exception stepscope did not expect) for stepscope's own failures,
+such as an analysis query that fails or an integrity check inside one.
 """
 
 from __future__ import annotations
@@ -79,3 +83,23 @@ class Inconclusive(StepscopeError):
     """Two runs cannot be compared fairly; the reason says why."""
 
     exit_code = 4
+
+
+class InternalError(StepscopeError):
+    """stepscope itself failed (a query of an analysis, one of its integrity checks): a bug to
+    report, not something the user typed. The CLI prints ``internal error: ...`` and, with
+    ``--debug`` or ``STEPSCOPE_DEBUG=1``, the traceback; any unexpected exception is treated alike."""
+
+    exit_code = 5
+
+
+EXIT_CODES: dict[int, str] = {
+    0: "success; for `compare`: within budget (or no baseline yet, with the default `--missing-baseline pass`)",
+    StepscopeError.exit_code: "regression: a budget was exceeded beyond the run-to-run spread",
+    UsageError.exit_code: "usage error: a flag, a name or SQL that the user typed is wrong",
+    TraceFormatError.exit_code: "bad input: a trace file or the store cannot be read or written (the message names the file)",
+    Inconclusive.exit_code: "inconclusive: the runs cannot be compared fairly (the reasons are printed)",
+    InternalError.exit_code: "internal error: stepscope failed; `--debug` or `STEPSCOPE_DEBUG=1` shows the traceback",
+}
+"""Every exit code of the ``stepscope`` command and what it means (documented in docs/ci.md and
+checked against it by tests/test_cli_errors.py)."""

@@ -74,3 +74,18 @@ def rank_copy(doc: dict[str, Any], rank: int, shift_us: Callable[[int], float], 
         elif stretch_compute != 1.0:
             event["dur"] *= stretch_compute
     return write_trace(path, out["traceEvents"], **{k: v for k, v in out.items() if k != "traceEvents"})
+
+
+def gpu_steps(doc: dict[str, Any]) -> dict[int, int]:
+    """Correlation id -> step of the GPU work it launched: the ProfilerStep#N window in which the
+    CPU launch call (``cuda_runtime``/``cuda_driver``) with that correlation starts (the store's
+    rule: GPU work inherits the step of its launch)."""
+    steps = profiler_steps(doc)
+    out: dict[int, int] = {}
+    for e in doc["traceEvents"]:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
+            start = to_ns(doc, e["ts"])
+            step = next((s for s, lo, hi in steps if lo <= start < hi), None)
+            if step is not None:
+                out[e["args"]["correlation"]] = step
+    return out

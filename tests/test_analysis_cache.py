@@ -62,3 +62,62 @@ def test_summary_document_is_cached_per_run_and_rank_selection(tmp_path: Path, s
     assert build_summary(open_store(root), "r") == first
     assert [r["rank"] for r in build_summary(open_store(root), "r", ranks=[3])["ranks"]] == [3]
     assert build_summary(open_store(root), "r") == first  # the rank-3 document did not replace it wrongly
+
+
+def test_editing_or_adding_any_analysis_module_changes_the_key(tmp_path: Path) -> None:
+    """The key covers the whole analysis package (subpackages too) and the formatters of its
+    messages: editing any one file, or adding a module, gives another key."""
+    from stepscope.analysis import cache
+
+    real = Path(cache.__file__).resolve().parent
+    names = {p.relative_to(real.parent).as_posix() for p in cache.code_files(real)}
+    assert {"analysis/breakdown.py", "analysis/compare/gate.py", "analysis/cache.py", "render/units.py"} <= names
+    assert names >= {p.relative_to(real.parent).as_posix() for p in real.rglob("*.py")}
+    root = tmp_path / "stepscope"
+    shutil.copytree(real, root / "analysis", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "render").mkdir()
+    shutil.copy2(real.parent / "render" / "units.py", root / "render" / "units.py")
+    package = root / "analysis"
+    before = cache.code_hash(cache.code_files(package), root)
+    assert before == cache.CODE_HASH  # the same files as the installed package
+    for path in cache.code_files(package):
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n# edited\n")
+        assert cache.code_hash(cache.code_files(package), root) != before, path
+        path.write_bytes(original)
+    (package / "compare" / "new_rule.py").write_text('"""A new module."""\n')
+    assert cache.code_hash(cache.code_files(package), root) != before
+
+
+def test_other_code_is_not_served_a_cached_frame(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepscope.analysis import cache
+    from stepscope.analysis.breakdown import host_breakdown
+    from tests.conftest import REPO
+
+    root = tmp_path / "store"
+    assert ingest_paths([REPO / "sample_traces" / "cpu-transformer"], root, "r").ok
+    first = host_breakdown(open_store(root), "r")
+    [old] = (root / "cache" / "host_breakdown" / "run=r").glob("*.parquet")
+    monkeypatch.setattr(cache, "CODE_HASH", "another-version")
+    assert host_breakdown(open_store(root), "r").equals(first)
+    [new] = (root / "cache" / "host_breakdown" / "run=r").glob("*.parquet")
+    assert new.name != old.name  # recomputed under a new key; the stale file removed
+
+
+def test_an_absence_is_kept_with_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU-only run has no GPU breakdown: the reason is kept and served without the query."""
+    from stepscope.analysis.absent import Absent
+    from stepscope.store.catalog import Store
+    from tests.conftest import REPO
+
+    root = tmp_path / "store"
+    assert ingest_paths([REPO / "sample_traces" / "cpu-transformer"], root, "r").ok
+    first = step_breakdown(open_store(root), "r")
+    assert isinstance(first, Absent)
+    [kept] = (root / "cache" / "step_breakdown" / "run=r").glob("*.absent")
+    assert kept.read_text() == first.reason
+    queries: list[str] = []
+    original = Store.sql
+    monkeypatch.setattr(Store, "sql", lambda self, q, p=None: queries.append(q) or original(self, q, p))
+    assert step_breakdown(open_store(root), "r") == first
+    assert all("FROM sources WHERE run" in q for q in queries)  # only the key's lookup of the sources

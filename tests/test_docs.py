@@ -30,3 +30,35 @@ def test_every_command_is_in_the_readme_or_docs() -> None:
     text = (DOCS.parent / "README.md").read_text() + "".join(p.read_text() for p in DOCS.glob("*.md"))
     for command in COMMANDS:
         assert f"stepscope {command}" in text, f"`stepscope {command}` is not documented"
+
+
+def _store_doc_values(column: str) -> list[str]:
+    row = re.search(rf"^\| {column} \| string \| `([^`]*)`", (DOCS / "STORE.md").read_text(), re.M)
+    assert row, f"docs/STORE.md lists no values for events.{column}"
+    return [v.strip() for v in row.group(1).split(",")]
+
+
+def test_event_kinds_and_categories_are_the_documented_ones(tmp_path: Path) -> None:
+    """schema.KINDS and schema.CATEGORIES are what docs/STORE.md lists and what ingest writes."""
+    from stepscope.store import open_store
+    from stepscope.store.ingest import ingest_paths
+    from stepscope.store.schema import CATEGORIES, KINDS
+
+    assert _store_doc_values("kind") == list(KINDS)
+    assert _store_doc_values("category") == list(CATEGORIES)
+    samples = sorted(p for p in (DOCS.parent / "sample_traces").iterdir() if p.is_dir())
+    for folder in samples:
+        assert ingest_paths([folder], tmp_path, folder.name).ok
+    with open_store(tmp_path) as store:
+        rows = store.sql("SELECT DISTINCT kind, category FROM events").to_pylist()
+    assert {r["kind"] for r in rows} <= set(KINDS)
+    assert {r["category"] for r in rows} - {None} <= set(CATEGORIES)
+
+
+def test_every_decided_by_value_is_documented() -> None:
+    from stepscope.analysis.compare.gate import DECIDED_BY
+
+    text = (DOCS / "COMPARE_JSON.md").read_text()
+    section = re.search(r"## `decided_by`.*?\n\n(.*?)\n\n", text, re.S)
+    assert section
+    assert re.findall(r"^\| `([^`]+)` \|", section.group(1), re.M) == list(DECIDED_BY)

@@ -1,5 +1,7 @@
-"""The pytest marker: a test that profiles steps passes against its own baseline and fails,
-naming the step time, when its steps get slower."""
+"""The pytest marker: tests sharing one baseline folder, parametrised ones included, each gate
+on their own baseline run; the save option writes every run and fails loudly when it wrote
+nothing; without a baseline a test is skipped before its body runs; a marker's budget replaces
+the defaults."""
 
 from __future__ import annotations
 
@@ -8,16 +10,42 @@ import pytest
 pytest_plugins = ["pytester"]
 
 TEST_FILE = """
-import os, time, pytest, torch
+import os, time, pathlib, pytest, torch
 model = torch.nn.Linear(16, 16)
 
-@pytest.mark.stepscope(steps=4, budget={"step_time": "+20%"}, baseline="perf/baseline")
-def test_train_step_speed(stepscope_profile):
-    for _ in range(stepscope_profile.total_steps):
+def train(profile, name):
+    pathlib.Path("ran-" + name).write_text("body ran")
+    slow = name in os.environ.get("SLOW_TESTS", "").split(",")
+    for _ in range(profile.total_steps):
         model(torch.randn(8, 16)).sum().backward()
-        time.sleep(float(os.environ.get("EXTRA_SLEEP", "0.01")))
-        stepscope_profile.step()
+        time.sleep(0.025 if slow else 0.005)
+        profile.step()
+
+@pytest.mark.stepscope(steps=4, budget={"step_time": "+20%"}, baseline="perf/baseline")
+def test_a(stepscope_profile):
+    train(stepscope_profile, "a")
+
+@pytest.mark.stepscope(steps=4, budget={"step_time": "+20%"}, defaults=True, baseline="perf/baseline")
+def test_b(stepscope_profile):
+    train(stepscope_profile, "b")
+
+@pytest.mark.parametrize("width", [64, 128])
+@pytest.mark.stepscope(steps=4, budget={"step_time": "+20%"}, baseline="perf/baseline")
+def test_param(stepscope_profile, width):
+    train(stepscope_profile, f"param{width}")
 """
+
+RUNS = ["test_gate.py-test_a", "test_gate.py-test_b", "test_gate.py-test_param-128", "test_gate.py-test_param-64"]
+"""The run ids of the four tests: node ids reduced by the collector's run-name rule."""
+
+
+def _need_torch() -> None:
+    """Skip without torch. Not ``importorskip``: pytester restores ``sys.modules`` after each test,
+    and torch cannot be imported twice into one process; the inner pytest imports it."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
 
 
 def _plugin_args() -> list[str]:
@@ -30,15 +58,56 @@ def _plugin_args() -> list[str]:
 
 
 @pytest.mark.slow
-def test_marker_saves_compares_and_fails_on_a_slower_step(pytester: pytest.Pytester,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("torch")
-    pytester.makepyfile(TEST_FILE)
+def test_shared_baseline_folder_and_parametrised_tests(pytester: pytest.Pytester,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _need_torch()
+    from stepscope.store.runs import stored_runs
+
+    pytester.makepyfile(test_gate=TEST_FILE)
     args = _plugin_args()
-    pytester.runpytest_subprocess(*args, "--stepscope-save-baseline").assert_outcomes(passed=1)
-    assert (pytester.path / "perf" / "baseline" / "step_times").is_dir()
-    pytester.runpytest_subprocess(*args).assert_outcomes(passed=1)
-    monkeypatch.setenv("EXTRA_SLEEP", "0.05")  # every step 40 ms slower: far over +20%
+    saved = pytester.runpytest_subprocess(*args, "--stepscope-save-baseline")
+    saved.assert_outcomes(passed=4)
+    saved.stdout.fnmatch_lines(["*stepscope: saved 4 baseline run(s)*"])
+    assert stored_runs(pytester.path / "perf" / "baseline") == RUNS
+    pytester.runpytest_subprocess(*args).assert_outcomes(passed=4)  # each against its own run
+
+    monkeypatch.setenv("SLOW_TESTS", "b,param128")  # every step of two tests 20 ms slower
     result = pytester.runpytest_subprocess(*args)
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(["*FAILED test_gate.py::test_b - Failed: stepscope: regression*",
+                                 "*FAILED test_gate.py::test_param?128? - Failed: stepscope: regression*"])
     result.stdout.fnmatch_lines(["*stepscope: regression*", "*step time*over +20%*"])
+    report = result.stdout.str()
+    of_b = report.split("_ test_b _")[1].split("_ test_param[128] _")[0]
+    of_param = report.split("_ test_param[128] _")[1]
+    assert "step_time:+20%" in of_param and "peak_memory:+10%" not in of_param  # the marker's budget only
+    assert "step_time:+20%" in of_b and "peak_memory:+10%" in of_b  # defaults=True keeps the defaults
+
+
+@pytest.mark.slow
+def test_without_a_baseline_tests_skip_before_their_body(pytester: pytest.Pytester) -> None:
+    _need_torch()
+    pytester.makepyfile(test_gate=TEST_FILE)
+    result = pytester.runpytest_subprocess(*_plugin_args(), "-rs")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("skipped") == 4 and "warnings" not in outcomes and "passed" not in outcomes
+    result.stdout.fnmatch_lines(["*stepscope: no baseline run 'test_gate.py-test_a' in *perf/baseline yet "
+                                 "(record it with pytest --stepscope-save-baseline)*"])
+    assert not list(pytester.path.glob("ran-*"))  # no body ran
+
+
+@pytest.mark.slow
+def test_saving_nothing_fails_loudly(pytester: pytest.Pytester) -> None:
+    _need_torch()
+    pytester.makepyfile(test_idle="""
+import pytest
+
+@pytest.mark.stepscope(steps=4, baseline="perf/baseline")
+def test_never_steps(stepscope_profile):
+    pass
+""")
+    result = pytester.runpytest_subprocess(*_plugin_args(), "--stepscope-save-baseline")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*--stepscope-save-baseline wrote nothing for run 'test_idle.py-test_never_steps'*",
+                                 "*stepscope: --stepscope-save-baseline saved no run*"])
+    assert result.ret != 0

@@ -79,7 +79,8 @@ def test_a_dead_writers_temporary_file_is_removed_by_the_next_write(tmp_path: Pa
     import os
 
     from stepscope.store.schema import STEPS
-    from stepscope.store.writer import STALE_TMP_S, write_partition
+    from stepscope.store.atomic import STALE_TMP_S
+    from stepscope.store.writer import write_partition
 
     target = part_path(tmp_path, "steps", "r", 0, "s")
     target.parent.mkdir(parents=True)

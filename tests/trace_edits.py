@@ -42,10 +42,11 @@ def _warp(doc: dict[str, Any], inserts: list[tuple[float, float]], skip: set[int
         event["ts"] = new_start
 
 
-def slow_kernel(doc: dict[str, Any], name_part: str, factor: int) -> list[dict[str, Any]]:
-    """Make every kernel whose name contains ``name_part`` ``factor`` times longer; returns them."""
-    slowed = [k for k in _kernels(doc) if name_part in k["name"]]
-    assert slowed, f"no kernel named like {name_part!r}"
+def slow_kernel(doc: dict[str, Any], name_part: str, factor: int, cat: str = "kernel") -> list[dict[str, Any]]:
+    """Make every GPU event of category ``cat`` (``kernel``, ``gpu_memcpy``) whose name contains
+    ``name_part`` ``factor`` times longer; returns them."""
+    slowed = [k for k in doc["traceEvents"] if k.get("cat") == cat and k.get("ph") == "X" and name_part in k["name"]]
+    assert slowed, f"no {cat} named like {name_part!r}"
     extra = [k["dur"] * (factor - 1) for k in slowed]
     _warp(doc, [(k["ts"] + k["dur"], d) for k, d in zip(slowed, extra)])
     for k, d in zip(slowed, extra):

@@ -40,7 +40,6 @@ Maybe = Union[T, Absent]
 NO_GPU_EVENTS = "no GPU events (kernel, memcpy, memset) in this rank's trace"
 NO_STEPS = "no ProfilerStep#N annotations in this rank's trace"
 NO_COMMUNICATION = "no communication kernels in this rank's trace"
-NO_CPU_OPS = "no CPU operator events in this rank's trace"
 
 
 def missing_rank(rank: int, present: list[int] | tuple[int, ...]) -> str:

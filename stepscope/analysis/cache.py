@@ -4,12 +4,16 @@ A run's traces do not change once ingested, so a frame computed over the whole r
 next to the store: ``<store>/cache/<frame>/run=<run>/<key>.parquet``. The key hashes what the
 frame depends on: the run's sources (rank, source id, file sha256: adding or replacing a trace
 changes it), the store's schema version, the frame's arguments, and the source code of the
-analysis modules (so a new stepscope never serves numbers an older one computed). Stale files of
+whole analysis package with the formatters its messages use (:data:`CODE_HASH`: a new or edited
+module, in any subpackage, invalidates every entry, so a stepscope never serves numbers an older
+code computed; no hand-kept list of files to forget). Stale files of
 the same frame and run are removed when a new one is written.
 
 Only whole-run calls are cached (``ranks=None``); a subset of ranks is computed directly.
-``Absent`` results are not cached (they are cheap to recompute). A store folder that cannot be
-written (read-only mount) just means no cache: the frame is computed and returned.
+An ``Absent`` result is kept too, as its reason in ``<key>.absent``: deciding that a CPU-only run
+has no GPU breakdown runs the whole query (a quarter of a second on the sample runs), and the
+gate asks for it on every comparison. A store folder that cannot be written (read-only mount)
+just means no cache: the frame is computed and returned.
 """
 
 from __future__ import annotations
@@ -27,15 +31,32 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stepscope.analysis.absent import Absent
+from stepscope.store.atomic import atomic_write, write_text_atomic
 from stepscope.store.schema import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
-_CODE_FILES = ("_sql.py", "breakdown.py", "kernels.py", "cache.py",
-               "_local.py", "overlap.py", "phase.py", "comm.py", "copies.py", "memory.py")
-_CODE_HASH = hashlib.sha256(
-    b"".join((Path(__file__).parent / name).read_bytes() for name in _CODE_FILES)
-).hexdigest()[:16]
+
+def code_files(package: Path) -> list[Path]:
+    """What cached results depend on: every module under ``package`` (the analysis package,
+    subpackages included) and :mod:`stepscope.render.units`, whose formatters write the
+    findings' messages."""
+    return [*sorted(package.rglob("*.py")), package.parent / "render" / "units.py"]
+
+
+def code_hash(files: list[Path], root: Path) -> str:
+    """sha256 over each file's path (relative to ``root``) and bytes: editing, adding, removing
+    or renaming any of them changes it."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+_ANALYSIS = Path(__file__).resolve().parent
+CODE_HASH = code_hash(code_files(_ANALYSIS), _ANALYSIS.parent)
+"""The code every cache key includes (computed once, at import)."""
 
 CACHE_ENV = "STEPSCOPE_NO_CACHE"
 """Set to 1 to compute every frame afresh (benchmarks of the cold path, debugging)."""
@@ -48,25 +69,17 @@ def run_key(store: Any, run: str, args: str) -> str:
     rows = store.sql(
         "SELECT rank, source, sha256 FROM sources WHERE run = $run ORDER BY rank, source", {"run": run}
     ).to_pylist()
-    text = repr((rows, SCHEMA_VERSION, args, _CODE_HASH))
+    text = repr((rows, SCHEMA_VERSION, args, CODE_HASH))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-_PACKAGE_HASH = hashlib.sha256(
-    b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))
-).hexdigest()[:16]
-
-
 def cached_json(store: Any, name: str, run: str, args: object, compute: Callable[[], Any]) -> Any:
-    """Cache a JSON document derived from the whole analysis package (e.g. the summary).
-
-    Keyed like the frames, but on the code of *every* module of ``stepscope.analysis``, since a
-    document gathers all sections and rules.
-    """
+    """Cache a JSON document derived from the whole analysis package (e.g. the summary), keyed
+    like the frames."""
     root = getattr(store, "root", None)
     if root is None or os.environ.get(CACHE_ENV) == "1":
         return compute()
-    key = run_key(store, run, repr((args, _PACKAGE_HASH)))
+    key = run_key(store, run, repr(args))
     path = Path(root) / "cache" / name / f"run={run}" / f"{key}.json"
     if path.is_file():
         try:
@@ -75,10 +88,7 @@ def cached_json(store: Any, name: str, run: str, args: object, compute: Callable
             log.warning("%s: unreadable cache file, recomputing (%s)", path, exc)
     doc = compute()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(doc))
         for stale in path.parent.glob("*.json"):
             if stale != path:
                 stale.unlink(missing_ok=True)
@@ -91,14 +101,35 @@ def cache_path(root: Path, frame: str, run: str, key: str) -> Path:
     return root / "cache" / frame / f"run={run}" / f"{key}.parquet"
 
 
-def _write(path: Path, table: pa.Table) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-    for stale in path.parent.glob("*.parquet"):
-        if stale != path:
+ABSENT_SUFFIX = ".absent"
+
+
+def _write(path: Path, result: pa.Table | Absent) -> None:
+    """Keep ``result`` at ``path`` (a table) or beside it (an absence's reason); remove the
+    frame's files of other keys."""
+    if isinstance(result, Absent):
+        kept = path.with_suffix(ABSENT_SUFFIX)
+        write_text_atomic(kept, result.reason)
+    else:
+        kept = path
+        with atomic_write(path) as handle:
+            pq.write_table(result, handle)
+    for stale in [*path.parent.glob("*.parquet"), *path.parent.glob(f"*{ABSENT_SUFFIX}")]:
+        if stale != kept:
             stale.unlink(missing_ok=True)
+
+
+def _read(path: Path) -> pa.Table | Absent | None:
+    """The kept result for ``path``'s key, or None when there is none (or it cannot be read)."""
+    absent = path.with_suffix(ABSENT_SUFFIX)
+    try:
+        if path.is_file():
+            return pq.read_table(path)
+        if absent.is_file():
+            return Absent(absent.read_text(encoding="utf-8"))
+    except (OSError, pa.ArrowInvalid, UnicodeDecodeError) as exc:
+        log.warning("%s: unreadable cache file, recomputing (%s)", path, exc)
+    return None
 
 
 def cached_frame(frame: str) -> Callable[[F], F]:
@@ -117,13 +148,11 @@ def cached_frame(frame: str) -> Callable[[F], F]:
                 return func(store, run, *args, **kwargs)
             key = run_key(store, run, repr(sorted(options.items())))
             path = cache_path(Path(root), frame, run, key)
-            if path.is_file():
-                try:
-                    return pq.read_table(path)
-                except (OSError, pa.ArrowInvalid) as exc:
-                    log.warning("%s: unreadable cache file, recomputing (%s)", path, exc)
+            kept = _read(path)
+            if kept is not None:
+                return kept
             result = func(store, run, *args, **kwargs)
-            if isinstance(result, pa.Table):
+            if isinstance(result, (pa.Table, Absent)):
                 try:
                     _write(path, result)
                 except OSError as exc:

@@ -24,9 +24,6 @@ it runs no query itself.
 
 from __future__ import annotations
 
-PHASES = ("forward", "backward", "optimizer", "other")
-"""Values of the ``phase`` column; null when the launch is not in the trace."""
-
 MARKER_PHASE_SQL = """
 CASE
   WHEN lower(name) LIKE '%optimizer%' THEN 1

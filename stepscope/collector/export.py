@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from stepscope.store.writer import temporary_path
+from stepscope.store.atomic import atomic_write
 
 
 def finished_cycle(prof: Any) -> Any:
@@ -67,12 +67,10 @@ def _complete(path: Path) -> bool:
 def gzip_file(plain: Path, target: Path) -> Path:
     """Compress ``plain`` into ``target`` atomically (temporary file, then rename); removes
     ``plain``. A full disk leaves no partial trace behind."""
-    packed = temporary_path(target)
     try:
-        with open(plain, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
+        with open(plain, "rb") as src, atomic_write(target) as raw, \
+                gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as dst:
             shutil.copyfileobj(src, dst, length=1 << 20)
-        os.replace(packed, target)
     finally:
-        packed.unlink(missing_ok=True)
         plain.unlink(missing_ok=True)
     return target

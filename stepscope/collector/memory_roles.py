@@ -20,8 +20,6 @@ from torch import nn
 
 from stepscope.store.schema import MEMORY_ROLES
 
-ROLES = ("parameter", "gradient", "optimizer_state")
-
 DEVICE_TYPES = {"cpu": 0, "cuda": 1, "mkldnn": 2, "opengl": 3, "opencl": 4, "ideep": 5,
                 "hip": 6, "fpga": 7, "maia": 8, "xla": 9, "vulkan": 10, "metal": 11, "xpu": 12,
                 "mps": 13, "meta": 14, "hpu": 15, "ve": 16, "lazy": 17, "ipu": 18, "mtia": 19,
@@ -95,14 +93,6 @@ class RoleRecorder:
             return
         storage = tensor.untyped_storage()
         self._raw.append((role, name, storage.data_ptr(), storage.nbytes(), tensor.device, step))
-
-
-def memory_roles(model: nn.Module | None, optimizer: torch.optim.Optimizer | None,
-                 step: int | None = None) -> list[RoleRow]:
-    """The storages of parameters, gradients and optimizer state now, at the end of ``step``."""
-    recorder = RoleRecorder(model, optimizer)
-    recorder.everything(step)
-    return recorder.take()
 
 
 def roles_table(rows: list[RoleRow], source: str) -> pa.Table:

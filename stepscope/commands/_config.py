@@ -8,6 +8,9 @@ pyproject.toml the same keys)::
     step_time = "+5%"
     comm_exposed = "+2ms"
 
+    [floors]
+    peak_memory = "64MiB"
+
     [compare]
     alpha = 0.05
 """
@@ -66,6 +69,14 @@ def config_budgets(config: dict[str, Any], where: str | None) -> list[str]:
     if not isinstance(table, dict):
         raise UsageError(f"{where}: [budgets] must be a table of METRIC = \"+N%\"")
     return budgets_from_mapping(table, f"{where} [budgets]")
+
+
+def config_floors(config: dict[str, Any], where: str | None) -> list[str]:
+    """Floor strings (``METRIC:AMOUNT``) from the ``floors`` table."""
+    table = config.get("floors", {})
+    if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+        raise UsageError(f"{where}: [floors] must be a table of METRIC = \"AMOUNT\", e.g. peak_memory = \"64MiB\"")
+    return [f"{metric}:{amount}" for metric, amount in table.items()]
 
 
 def config_alpha(config: dict[str, Any], where: str | None) -> float | None:

@@ -12,18 +12,16 @@ from typing import Iterator
 from stepscope.errors import TraceFormatError, UsageError
 
 
+class NotFound(UsageError):
+    """The spec names no baseline, run, store or trace folder: for a baseline, "none yet"."""
+
+
 @dataclass(frozen=True)
 class RunRef:
-    """A run in a store, and how it was named (for messages)."""
+    """A run in a store."""
 
     store: Path
     run: str
-    named_as: str
-    baseline_name: str | None = None
-
-
-def _store_runs(store: Path) -> list[str]:
-    return sorted(p.name.removeprefix("run=") for p in (store / "sources").glob("run=*"))
 
 
 def resolve(spec: str, store: Path | None, stack: contextlib.ExitStack) -> RunRef:
@@ -31,29 +29,35 @@ def resolve(spec: str, store: Path | None, stack: contextlib.ExitStack) -> RunRe
     (holding one run, or ``STORE::RUN``), then trace files or folders, ingested into a
     temporary store that lives as long as ``stack``."""
     from stepscope.store.baselines import baseline_run
+    from stepscope.store.runs import stored_runs
     from stepscope.store.writer import run_id
 
     if store is not None:
         named = baseline_run(store, spec)
         if named is not None:
-            return RunRef(store, named, spec, baseline_name=spec)
-        if run_id(spec) in _store_runs(store):
-            return RunRef(store, run_id(spec), spec)
+            return RunRef(store, named)
+        if run_id(spec) in stored_runs(store):
+            return RunRef(store, run_id(spec))
     folder, sep, run = spec.partition("::")
     path = Path(folder)
     if (path / "sources").is_dir():
-        runs = _store_runs(path)
+        runs = stored_runs(path)
         if sep:
             if run_id(run) not in runs:
-                raise UsageError(f"{spec}: no run {run!r} in store {path} (runs: {', '.join(runs) or 'none'})")
-            return RunRef(path, run_id(run), spec)
+                raise NotFound(f"{spec}: no run {run!r} in store {path} (runs: {', '.join(runs) or 'none'})")
+            return RunRef(path, run_id(run))
         if len(runs) != 1:
             raise UsageError(f"{spec}: store holds {len(runs)} runs ({', '.join(runs)}); name one as {path}::RUN")
-        return RunRef(path, runs[0], spec)
+        return RunRef(path, runs[0])
     if path.exists():
         return _ingest(path, stack)
-    where = f" in store {store}" if store is not None else ""
-    raise UsageError(f"{spec}: not a baseline name or run{where}, nor a store or trace folder")
+    if store is not None:
+        from stepscope.store.baselines import load_baselines
+
+        known = ", ".join(sorted(load_baselines(store))) if (store / "baselines.json").is_file() else ""
+        raise NotFound(f"{spec}: not a baseline name or run in store {store} (baselines: {known or 'none'}), "
+                       "nor a store or trace folder")
+    raise NotFound(f"{spec}: not a baseline name or run (no --store given), nor a store or trace folder")
 
 
 def _ingest(path: Path, stack: contextlib.ExitStack) -> RunRef:
@@ -67,7 +71,7 @@ def _ingest(path: Path, stack: contextlib.ExitStack) -> RunRef:
     report = ingest_paths([path], tmp, default_run_name(files))
     if report.errors:
         raise TraceFormatError(path, "unreadable trace: " + "; ".join(report.errors))
-    return RunRef(tmp, report.run, str(path))
+    return RunRef(tmp, report.run)
 
 
 @contextlib.contextmanager

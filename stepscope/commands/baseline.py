@@ -19,11 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _known_run(store: Path, run: str) -> str:
-    from stepscope.commands._runs import _store_runs
     from stepscope.errors import UsageError
+    from stepscope.store.runs import stored_runs
     from stepscope.store.writer import run_id
 
-    runs = _store_runs(store)
+    runs = stored_runs(store)
     if run_id(run) not in runs:
         raise UsageError(f"no run {run!r} in store {store} (runs: {', '.join(runs) or 'none'})")
     return run_id(run)

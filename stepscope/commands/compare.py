@@ -2,15 +2,26 @@
 
 BASELINE and CANDIDATE are each a baseline name or run id in ``--store``, a store folder
 (``DIR`` holding one run, or ``DIR::RUN``), or trace files/folders ingested on the fly. Exit code:
-0 within budget, 1 regression, 2 usage error, 3 unreadable input, 4 inconclusive (not comparable).
+0 within budget, 1 regression, 2 usage error, 3 unreadable input, 4 inconclusive (not comparable),
+5 internal error. When BASELINE does not exist yet (the first run of a branch) the outcome is
+``no_baseline``, which exits as ``--missing-baseline`` says (default ``pass``: 0), and the
+Markdown, JSON and JUnit reports are written all the same, saying so.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stepscope.analysis.compare import Budget, Comparison, Verdict
 
 FORMATS = ("table", "markdown", "json")
+MISSING_BASELINE_CHOICES = ("pass", "fail", "inconclusive")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,8 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("candidate", help="run id, store folder or trace folder to judge")
     parser.add_argument("--store", type=Path, help="store holding the runs and baselines.json")
     parser.add_argument("--fail-on", action="append", default=[], metavar="METRIC:+N%",
-                        help="budget, e.g. step_time:+5%%, peak_memory:+10%%, comm_exposed:+2ms (repeatable; "
-                             "overrides the config file and the defaults per metric)")
+                        help="budget, e.g. step_time:+5%%, peak_memory:+10%%, comm_exposed:+2ms, busbw:-10%% "
+                             "(repeatable; overrides the config file and the defaults per metric)")
+    parser.add_argument("--floor", action="append", default=[], metavar="METRIC:AMOUNT",
+                        help="absolute floor below which no change of METRIC fails, e.g. step_time:1ms, "
+                             "peak_memory:64MiB (defaults: 0.5 ms, 16 MiB, 1 GB/s)")
+    parser.add_argument("--missing-baseline", choices=MISSING_BASELINE_CHOICES, default="pass",
+                        help="outcome when BASELINE does not exist yet: pass (exit 0, the default), fail (1) "
+                             "or inconclusive (4); the reports say 'no baseline yet' in every case")
     parser.add_argument("--config", type=Path, help="stepscope.toml or pyproject.toml (default: the current "
                                                     "folder's stepscope.toml, else its pyproject.toml)")
     parser.add_argument("--alpha", type=float, help="significance level of the noise test (default 0.05)")
@@ -30,24 +47,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--junit", type=Path, metavar="FILE", help="write JUnit XML, one test case per budget")
 
 
-def gate(baseline: str, candidate: str, store: Path | None, fail_on: list[str], config: Path | None,
-         alpha: float | None):
-    """Resolve, compare and judge: returns ``(comparison, verdict)``. Shared with the pytest plugin."""
-    from stepscope.analysis.compare import ALPHA, compare_runs, merge_budgets, verdict
-    from stepscope.commands._config import config_alpha, config_budgets, load_config
-    from stepscope.commands._runs import resolved
-    from stepscope.errors import UsageError
-    from stepscope.store import open_store
+@dataclass(frozen=True)
+class Settings:
+    """What the gate judges with: budgets, each metric's floor, the noise test's alpha."""
 
-    settings, where = load_config(config)
-    budgets = merge_budgets(config_budgets(settings, where), fail_on)
-    alpha = alpha if alpha is not None else config_alpha(settings, where) or ALPHA
+    budgets: list[Budget]
+    floors: dict[str, float]
+    alpha: float
+
+
+def settings(fail_on: list[str], floors: list[str], config: Path | None, alpha: float | None,
+             *, defaults: bool = True) -> Settings:
+    """Budgets (defaults < config file < ``fail_on``; only ``fail_on`` when not ``defaults``),
+    floors (defaults < config ``[floors]`` < ``floors``) and alpha (config < ``alpha``)."""
+    from stepscope.analysis.compare import ALPHA, merge_budgets
+    from stepscope.analysis.compare.budgets import floors as floor_table
+    from stepscope.commands._config import config_alpha, config_budgets, config_floors, load_config
+    from stepscope.errors import UsageError
+
+    table, where = load_config(config)
+    budgets = merge_budgets(config_budgets(table, where), fail_on, defaults=defaults)
+    alpha = alpha if alpha is not None else config_alpha(table, where) or ALPHA
     if not 0 < alpha < 1:
         raise UsageError(f"--alpha {alpha}: must be between 0 and 1")
-    with resolved([baseline, candidate], store) as (base, cand):
-        with open_store(base.store) as base_store, open_store(cand.store) as cand_store:
-            comparison = compare_runs(base_store, base.run, cand_store, cand.run, alpha=alpha)
-    return comparison, verdict(comparison, budgets)
+    return Settings(budgets, floor_table([*config_floors(table, where), *floors]), alpha)
+
+
+def gate(baseline: str, candidate: str, store: Path | None, fail_on: list[str], config: Path | None,
+         alpha: float | None, *, floors: Sequence[str] = (), defaults: bool = True,
+         missing_baseline: str | None = None) -> tuple[Comparison, Verdict]:
+    """Resolve, compare and judge: returns ``(comparison, verdict)``. Shared with the pytest
+    plugin and ``report``. With ``missing_baseline`` (a :data:`MISSING_BASELINE_CHOICES` value)
+    a baseline that does not exist gives the ``no_baseline`` verdict; without, it is an error."""
+    from stepscope.analysis.compare import compare_runs, verdict
+    from stepscope.analysis.compare.comparison import without_baseline
+    from stepscope.analysis.compare.metrics import has_step_times, run_profile
+    from stepscope.commands._runs import NotFound, resolve
+    from stepscope.store import open_store
+
+    chosen = settings(fail_on, list(floors), config, alpha, defaults=defaults)
+    with contextlib.ExitStack() as stack:
+        cand = resolve(candidate, store, stack)
+        try:
+            base = resolve(baseline, store, stack)
+        except NotFound as exc:
+            if missing_baseline is None:
+                raise
+            with open_store(cand.store) as cand_store:
+                profile = run_profile(cand_store, cand.run, use_step_times=has_step_times(cand_store, cand.run))
+            comparison = without_baseline(profile, f"no baseline yet: {exc}", alpha=chosen.alpha)
+        else:
+            with open_store(base.store) as base_store, open_store(cand.store) as cand_store:
+                comparison = compare_runs(base_store, base.run, cand_store, cand.run, alpha=chosen.alpha)
+    return comparison, verdict(comparison, chosen.budgets, chosen.floors,
+                               missing_baseline=missing_baseline or "pass")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,9 +108,12 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.render.compare_markdown import render_markdown
     from stepscope.render.compare_text import render_text
     from stepscope.render.junit import render_junit
+    from stepscope.render.table import terminal_width
 
-    comparison, result = gate(args.baseline, args.candidate, args.store, args.fail_on, args.config, args.alpha)
-    renderers = {"table": render_text, "markdown": render_markdown, "json": render_json}
+    comparison, result = gate(args.baseline, args.candidate, args.store, args.fail_on, args.config, args.alpha,
+                              floors=args.floor, missing_baseline=args.missing_baseline)
+    renderers = {"table": lambda c, v: render_text(c, v, terminal_width()), "markdown": render_markdown,
+                 "json": render_json}
     print(renderers[args.format](comparison, result), end="")
     for path, render in ((args.markdown, render_markdown), (args.json, render_json), (args.junit, render_junit)):
         if path is not None:

@@ -1,6 +1,7 @@
 """``stepscope report RUN --store DIR --out report.html [--baseline NAME|RUN]``: one self-contained
 HTML file (charts inlined, no network needed to view) with the run's overview and findings and,
-given ``--baseline``, the comparison with it; for CI artifacts and sharing."""
+given ``--baseline``, the comparison with it; for CI artifacts and sharing. A baseline that does
+not exist yet (the first run of a branch) is said on the page, which then shows the run alone."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepscope.analysis.breakdown import step_breakdown
     from stepscope.analysis.absent import Absent
+    from stepscope.analysis.breakdown import step_breakdown
+    from stepscope.analysis.compare.gate import NO_BASELINE
+    from stepscope.analysis.compare.metrics import run_facts
     from stepscope.analysis.parts import GPU
     from stepscope.analysis.summary import build_summary
     from stepscope.commands._runs import resolved
@@ -29,12 +32,10 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.render.compare_tables import run_line, tables
     from stepscope.store import open_store
 
-    bundle = html_report.javascript_bundle()
     with resolved([args.run], args.store) as (ref,), open_store(ref.store) as store:
+        bundle = _javascript(ref.store)
         summary = build_summary(store, ref.run)
         breakdown = step_breakdown(store, ref.run)
-        from stepscope.analysis.compare.metrics import run_facts
-
         overview = [run_line(run_facts(store, ref.run).to_json())]
         charts = []
         if not isinstance(breakdown, Absent):
@@ -42,17 +43,42 @@ def run(args: argparse.Namespace) -> int:
         else:
             overview.append(f"step breakdown: not available ({breakdown.reason})")
         page_tables = []
+        findings = summary["findings"]
         if args.baseline:
-            comparison, verdict = gate(args.baseline, args.run, args.store, args.fail_on, args.config, None)
+            comparison, verdict = gate(args.baseline, args.run, args.store, args.fail_on, args.config, None,
+                                       missing_baseline="pass")
             doc = to_json(comparison, verdict)
-            overview.append(f"compared with baseline {doc['baseline']['run']}: {doc['verdict']['status']}")
-            overview += [f"  {r}" for r in doc["verdict"]["reasons"]]
-            charts.append(html_report.comparison_chart(doc["metrics"]))
-            page_tables = tables(doc)
-            findings = summary["findings"] + doc["findings"]
-        else:
-            findings = summary["findings"]
+            if verdict.status == NO_BASELINE:
+                overview.append(f"not compared: {'; '.join(verdict.reasons)}")
+            else:
+                overview.append(f"compared with baseline {doc['baseline']['run']}: {doc['verdict']['status']}")
+                overview += [f"  {r}" for r in doc["verdict"]["reasons"]]
+                charts.append(html_report.comparison_chart(doc["metrics"]))
+                page_tables = tables(doc)
+                findings = findings + doc["findings"]
     page = html_report.render_report(f"stepscope report: {ref.run}", overview, findings, charts, page_tables, bundle)
     args.out.write_text(page, encoding="utf-8")
     print(f"wrote {args.out} ({len(page) / 1e6:.1f} MB, self-contained)")
     return 0
+
+
+BUNDLE_CACHE = "report-js"
+"""Folder under ``<store>/cache/`` that keeps the charts' JavaScript per vl-convert version."""
+
+
+def _javascript(store: Path) -> str:
+    """The charts' JavaScript (vega, vega-lite, vega-embed), kept in the store's cache: building
+    it takes vl-convert seconds, and a CI store sees a report per job. A store that cannot be
+    written just means it is built each time."""
+    from stepscope.render import html_report
+    from stepscope.store.atomic import write_text_atomic
+
+    path = store / "cache" / BUNDLE_CACHE / f"{html_report.bundle_key()}.js"
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    bundle = html_report.javascript_bundle()
+    try:
+        write_text_atomic(path, bundle)
+    except OSError:
+        pass
+    return bundle

@@ -10,6 +10,10 @@ so a restarted server reads them back instead of recomputing them.
 
 Analyses are imported, never looked up by name: a renamed or missing one is an ImportError
 when the page loads, not a page that quietly says "not available".
+
+Connections: the server opens the store once (its views, in one DuckDB database); each browser
+session queries through a connection of its own on it (:func:`store_for`), and the SQL page
+opens a sandbox per query, so no visitor's query waits for, or is interrupted with, another's.
 """
 
 from __future__ import annotations
@@ -42,8 +46,20 @@ def _open(root: str) -> Store:
 
 
 def store_for(root: str) -> Store:
-    """The shared, cached ``Store`` of ``root`` (one DuckDB connection per server)."""
-    return _open(root)
+    """This browser session's ``Store`` of ``root``: a connection of its own on the server's one
+    database of views (:meth:`Store.session`), kept in the session's state, so one visitor's
+    query never waits for, nor is interrupted with, another's. Outside a session (a thread of
+    its own, a test calling a page's helper), the server's shared ``Store``."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    shared = _open(root)
+    if get_script_run_ctx(suppress_warning=True) is None:
+        return shared
+    key = f"_stepscope_store:{root}"
+    store = st.session_state.get(key)
+    if not isinstance(store, Store):
+        store = st.session_state[key] = shared.session()
+    return store
 
 
 def sql_sandbox(root: str) -> Store:

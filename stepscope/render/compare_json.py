@@ -50,14 +50,16 @@ def _named(rows: Any, value_unit: str, count_name: str) -> Any:
 def to_json(comparison: Comparison, verdict: Verdict) -> dict[str, Any]:
     """The contract, as plain data (keys and meanings in docs/COMPARE_JSON.md)."""
     c = comparison
+    no_baseline = isinstance(c.baseline, Absent)
     return jsonable({
         "schema": SCHEMA,
         "verdict": verdict.to_json(),
-        "baseline": c.baseline.to_json(),
+        "baseline": c.baseline if isinstance(c.baseline, Absent) else c.baseline.to_json(),
         "candidate": c.candidate.to_json(),
         "step_time_source": c.step_source,
         "alpha": c.alpha,
-        "comparability": {"comparable": c.comparable, "checks": [k.to_json() for k in c.checks]},
+        "comparability": {"comparable": c.baseline if no_baseline else c.comparable,
+                          "checks": [k.to_json() for k in c.checks]},
         "budgets": [r.to_json() for r in verdict.results],
         "metrics": [_metric(m) for m in c.metrics],
         "kernels": _named(c.kernels, "ns_per_step", "launches_per_step"),

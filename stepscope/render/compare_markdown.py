@@ -13,10 +13,13 @@ def render_markdown(comparison: Comparison, verdict: Verdict) -> str:
     """A Markdown report: verdict and reasons, findings, then the tables."""
     doc = to_json(comparison, verdict)
     lines = [f"## stepscope compare: {headline(doc)}", "",
-             f"- baseline {run_line(doc['baseline'])}", f"- candidate {run_line(doc['candidate'])}", ""]
+             f"- baseline {run_line(doc['baseline'], doc.get('absent_reasons', {}).get('baseline'))}",
+             f"- candidate {run_line(doc['candidate'])}", ""]
     if doc["verdict"]["reasons"]:
         lines += ["**Why:**", ""] + [f"- {md_escape(r)}" for r in doc["verdict"]["reasons"]] + [""]
-    if doc["findings"]:
+    if doc["verdict"]["status"] == "no_baseline":
+        lines += ["No baseline yet: nothing was compared; the candidate's own figures follow.", ""]
+    elif doc["findings"]:
         lines += ["### Findings", ""] + [f"- **{f['severity']}** {md_escape(f['message'])}" for f in doc["findings"]] + [""]
     else:
         lines += ["No notable change.", ""]

@@ -20,12 +20,15 @@ def _short(name: str) -> str:
 
 
 def headline(doc: dict[str, Any]) -> str:
-    """``PASS``/``REGRESSION``/``INCONCLUSIVE``: baseline run -> candidate run."""
-    return (f"{doc['verdict']['status'].upper()}: baseline {doc['baseline']['run']} -> "
-            f"candidate {doc['candidate']['run']}")
+    """``PASS``/``REGRESSION``/``INCONCLUSIVE``/``NO_BASELINE``: baseline run -> candidate run."""
+    base = doc["baseline"]["run"] if doc["baseline"] else "none yet"
+    return f"{doc['verdict']['status'].upper()}: baseline {base} -> candidate {doc['candidate']['run']}"
 
 
-def run_line(facts: dict[str, Any]) -> str:
+def run_line(facts: dict[str, Any] | None, absent: str | None = None) -> str:
+    """One line on a run's hardware and layout; ``absent`` says why there is no run."""
+    if facts is None:
+        return f"none: {absent or 'not available'}"
     gpus = ", ".join(facts["gpu_names"]) or "no GPU recorded"
     count = f" x{facts['gpu_count']}" if facts["gpu_count"] else ""
     world = f", world size {facts['world_size']}" if facts["world_size"] else ""
@@ -33,7 +36,7 @@ def run_line(facts: dict[str, Any]) -> str:
 
 
 def budget_table(doc: dict[str, Any]) -> Table:
-    judged = doc["verdict"]["status"] != "inconclusive"
+    judged = doc["verdict"]["status"] not in ("inconclusive", "no_baseline")
     rows = []
     for b in doc["budgets"]:
         result = b["status"].upper() if judged else "not judged"

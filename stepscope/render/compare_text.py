@@ -13,7 +13,8 @@ def render_text(comparison: Comparison, verdict: Verdict, width: int | None = No
     """Verdict first (what a CI log reader looks for), then findings and tables (laid out for a
     terminal ``width`` columns wide, see :func:`stepscope.render.table.to_terminal`)."""
     doc = to_json(comparison, verdict)
-    lines = [headline(doc), f"  baseline  {run_line(doc['baseline'])}", f"  candidate {run_line(doc['candidate'])}"]
+    lines = [headline(doc), f"  baseline  {run_line(doc['baseline'], doc.get('absent_reasons', {}).get('baseline'))}",
+             f"  candidate {run_line(doc['candidate'])}"]
     lines += [f"  - {r}" for r in doc["verdict"]["reasons"]]
     lines.append("")
     if doc["findings"]:

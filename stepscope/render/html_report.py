@@ -17,14 +17,27 @@ from stepscope.errors import UsageError
 from stepscope.render.table import Table, to_html
 
 
-def javascript_bundle() -> str:
-    """vega + vega-lite + vega-embed as one script, for the Vega-Lite version Altair writes."""
+def _vl_convert() -> tuple[object, str]:
+    """vl-convert and the Vega-Lite version Altair writes (a clear error without the extra)."""
     try:
         import vl_convert
         from altair.utils._importers import vl_version_for_vl_convert
     except ImportError as exc:
         raise UsageError("stepscope report needs altair and vl-convert-python: pip install 'stepscope[dashboard]'") from exc
-    return vl_convert.javascript_bundle(vl_version=vl_version_for_vl_convert())
+    return vl_convert, vl_version_for_vl_convert()
+
+
+def bundle_key() -> str:
+    """What the bundle depends on: vl-convert's and Vega-Lite's versions (a cache key)."""
+    vl_convert, vl_version = _vl_convert()
+    return f"vl-convert-{getattr(vl_convert, '__version__', 'unknown')}-vega-lite-{vl_version}"
+
+
+def javascript_bundle() -> str:
+    """vega + vega-lite + vega-embed as one script, for the Vega-Lite version Altair writes.
+    vl-convert builds it on each call (seconds): keep it under :func:`bundle_key`."""
+    vl_convert, vl_version = _vl_convert()
+    return vl_convert.javascript_bundle(vl_version=vl_version)  # type: ignore[attr-defined]
 
 
 def breakdown_chart(rows: list[dict[str, Any]], parts: Sequence[Part]) -> dict[str, Any]:

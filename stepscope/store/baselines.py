@@ -3,7 +3,7 @@
 ``<store>/baselines.json`` maps a name (a branch or tag: ``main``, ``release/2.1``) to the run
 that later comparisons start from, with the history of earlier choices. ``<store>/acceptances/
 <run>.json`` keeps, beside the run, why a known change was accepted. Both are small JSON files
-written atomically (temporary file, fsync, rename), so a reader never sees half a file and a
+written atomically (:mod:`stepscope.store.atomic`: a temporary file of the writer's own, fsync, rename), so a reader never sees half a file and a
 crash leaves the previous version.
 """
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 from stepscope.errors import StoreError, UsageError
+from stepscope.store.atomic import write_text_atomic
 
 BASELINES_FILE = "baselines.json"
 ACCEPTANCES_DIR = "acceptances"
@@ -29,15 +29,8 @@ def _now() -> str:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    """Write ``data`` as JSON to ``path`` (:func:`stepscope.store.atomic.write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def _read(path: Path) -> Any:
@@ -90,6 +83,6 @@ def record_acceptance(store: Path | str, run: str, reason: str, *, baseline: str
     return path
 
 
-def load_acceptance(store: Path | str, run: str) -> dict[str, Any] | None:
-    path = Path(store) / ACCEPTANCES_DIR / f"{run}.json"
-    return _read(path) if path.exists() else None
+def forget_acceptance(store: Path | str, run: str) -> None:
+    """Remove the acceptance record of ``run`` (when the run itself is pruned)."""
+    (Path(store) / ACCEPTANCES_DIR / f"{run}.json").unlink(missing_ok=True)

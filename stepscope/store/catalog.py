@@ -7,14 +7,16 @@ exists) and the schema-version check.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import duckdb
 import pyarrow as pa
 
-from stepscope.errors import StoreError, UsageError
+from stepscope.errors import InternalError, StoreError, UsageError
 from stepscope.store import schema
 from stepscope.store.engine import DEFAULT_MEMORY_LIMIT, MEMORY_LIMIT_ENV, THREADS, connect, resolve_memory_limit
 
@@ -53,11 +55,12 @@ class Store:
         self._lock = threading.Lock()
         self.memory_limit = resolve_memory_limit(memory_limit)
         self._con = connect(limit=self.memory_limit, spill=not read_only_sql)
-        self._check_version()
-        # The sandbox may read exactly the Parquet files the store holds now, so its views list
-        # them; the trusted views glob, and see parts committed later too.
-        self._parts = {t: self._part_files(t) for t in schema.TABLES} if read_only_sql else None
-        self._create_views()
+        with self._own_query():
+            self._check_version()
+            # The sandbox may read exactly the Parquet files the store holds now, so its views list
+            # them; the trusted views glob, and see parts committed later too.
+            self._parts = {t: self._part_files(t) for t in schema.TABLES} if read_only_sql else None
+            self._create_views()
         if self._parts is not None:
             self._lock_down(self._parts)
 
@@ -85,7 +88,8 @@ class Store:
         empty = table.schema.empty_table()
         empty = empty.append_column("run", pa.array([], pa.string()))
         empty = empty.append_column("rank", pa.array([], pa.int32()))
-        self._con.register(f"_empty_{table.name}", empty)
+        # A table of the database, not a registered Arrow object: every session() sees it too.
+        self._con.from_arrow(empty).create(f"_empty_{table.name}")
 
     def _create_views(self) -> None:
         con = self._con
@@ -139,12 +143,27 @@ class Store:
         return (*schema.TABLES, "runs")
 
     def sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pa.Table:
-        """Run one query and return an Arrow table. ``params`` bind ``?`` or ``$name``."""
-        with self._lock:
-            try:
-                return self._con.sql(query, params=params).to_arrow_table()
-            except duckdb.Error as exc:
-                raise UsageError(f"SQL error: {exc}") from exc
+        """Run one query and return an Arrow table. ``params`` bind ``?`` or ``$name``.
+
+        This is stepscope's own door (the analyses'): a failing query is an :class:`InternalError`,
+        or a :class:`StoreError` when DuckDB names a damaged file of this store. User SQL goes
+        through :meth:`read_only_query`, whose errors are the user's (:class:`UsageError`).
+        """
+        with self._lock, self._own_query():
+            return self._con.sql(query, params=params).to_arrow_table()
+
+    @contextlib.contextmanager
+    def _own_query(self) -> Iterator[None]:
+        """DuckDB errors of stepscope's own queries, by whose fault they are: a damaged file of
+        this store (DuckDB names it) is bad input, anything else an internal error. One line:
+        DuckDB's first, without the SQL it quotes."""
+        try:
+            yield
+        except duckdb.Error as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if str(self.root) in first or str(self.root.resolve()) in first:
+                raise StoreError(f"{self.root}: a store file cannot be read ({first})") from exc
+            raise InternalError(f"query failed: {first}") from exc
 
     def df(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> Any:
         """Like ``sql`` but returns a pandas DataFrame (imports pandas only when asked)."""
@@ -204,6 +223,16 @@ class Store:
     def interrupt(self) -> None:
         """Stop the running query (used for time limits)."""
         self._con.interrupt()
+
+    def session(self) -> Store:
+        """A ``Store`` on the same database (its views) with a connection of its own (a DuckDB
+        cursor): its queries neither wait for this one's nor are stopped by its
+        :meth:`interrupt`, and the other way round. For a server with several visitors; closing
+        it closes only its connection."""
+        twin = copy.copy(self)
+        twin._con = self._con.cursor()
+        twin._lock = threading.Lock()
+        return twin
 
     def close(self) -> None:
         self._con.close()

@@ -13,8 +13,6 @@ SCHEMA_VERSION = 1
 SCHEMA_VERSION_KEY = b"stepscope.schema_version"
 TABLE_KEY = b"stepscope.table"
 
-PARTITION_COLUMNS = ("run", "rank")
-
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 """The range of every integer column: a number outside it is refused ("out of range"), never
 stored as 0 or wrapped round."""

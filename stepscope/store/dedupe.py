@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from stepscope.store.atomic import write_text_atomic
 from stepscope.store.engine import scratch
-from stepscope.store.writer import part_path, temporary_path
+from stepscope.store.writer import part_path
 
 try:
     import fcntl
@@ -131,11 +132,7 @@ def overlaps(trace: StoredTrace, start_ns: int | None, end_ns: int | None) -> bo
 
 def record_content(root: Path, run: str, content: str, rank: int, source: str) -> None:
     """Enter a just committed trace in the run's content index (atomically)."""
-    entry = _index_entry(root, run, content)
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_path(entry)
-    tmp.write_text(f"{rank} {source}\n")
-    os.replace(tmp, entry)
+    write_text_atomic(_index_entry(root, run, content), f"{rank} {source}\n")
 
 
 @contextlib.contextmanager

@@ -17,7 +17,6 @@ import pyarrow as pa
 from stepscope.store.constants import (  # noqa: F401 - part of this module's interface
     INT64_MAX,
     INT64_MIN,
-    PARTITION_COLUMNS,
     SCHEMA_VERSION,
     SCHEMA_VERSION_KEY,
     TABLE_KEY,
@@ -53,9 +52,6 @@ CATEGORIES = (
     "host",
 )
 """Values of ``events.category``: what kind of work the event is; null for non-work events."""
-
-GPU_KINDS = ("kernel", "memcpy", "memset")
-"""Kinds that occupy a GPU stream; the analyses build GPU timelines from these only."""
 
 _STR = pa.dictionary(pa.int32(), pa.string())
 

@@ -1,34 +1,30 @@
 """Atomic Parquet writes into the Hive-partitioned store.
 
-A part is written to a temporary name of its own, ``<name>.parquet.<pid>.<random>.tmp`` (which
-the ``*.parquet`` globs never match), flushed to disk, and renamed into place, so a reader sees
-either the whole file or nothing. The name is unique per writer: two processes writing the same
-part (two ingests of one file, a collector rank and an offline ingest) each rename a complete file
-of their own, and the last rename wins; with one shared temporary name they interleaved their
-bytes in one inode and left a corrupt part. A crash or ``kill -9`` leaves at most a stray
-temporary file, which a later write of the same part removes once it is ``STALE_TMP_S`` old.
+A part is written through :mod:`stepscope.store.atomic`: a temporary name of its own,
+``<name>.parquet.<pid>.<random>.tmp`` (which the ``*.parquet`` globs never match), flushed to
+disk, and renamed into place, so a reader sees either the whole file or nothing. The name is
+unique per writer: two processes writing the same part (two ingests of one file, a collector rank
+and an offline ingest) each rename a complete file of their own, and the last rename wins. A
+crash or ``kill -9`` leaves at most a stray temporary file, which a later write of the same part
+removes once it is ``STALE_TMP_S`` old.
+
+A part's rows are an Arrow table (the collector's tables, ``sources``) or a ``PartSource`` that
+writes the file itself (ingest's DuckDB queries); this module imports pyarrow only for the first.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Union
 
+from stepscope.store.atomic import atomic_path, atomic_write, move_file
 from stepscope.store.constants import file_metadata
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-TMP_SUFFIX = ".tmp"
-STALE_TMP_S = 3600.0
-"""A temporary part untouched for this long belongs to a writer that died: a live writer keeps
-writing to it (or renames it) within seconds."""
 
 
 def run_id(name: str) -> str:
@@ -46,22 +42,6 @@ def partition_dir(root: Path, table: str, run: str, rank: int) -> Path:
 
 def part_path(root: Path, table: str, run: str, rank: int, source: str) -> Path:
     return partition_dir(root, table, run, rank) / f"part-{source}.parquet"
-
-
-def temporary_path(target: Path) -> Path:
-    """A name beside ``target`` that no other writer (process or thread) uses."""
-    return target.with_name(f"{target.name}.{os.getpid()}.{secrets.token_hex(6)}{TMP_SUFFIX}")
-
-
-def remove_stale_temporaries(target: Path, older_than_s: float = STALE_TMP_S) -> None:
-    """Delete temporary files of ``target`` left by writers that died (untouched for a while)."""
-    cutoff = time.time() - older_than_s
-    for stray in target.parent.glob(f"{target.name}.*{TMP_SUFFIX}"):
-        try:
-            if stray.stat().st_mtime < cutoff:
-                stray.unlink()
-        except OSError:  # another writer removed or renamed it meanwhile
-            pass
 
 
 class PartSource(Protocol):
@@ -88,26 +68,6 @@ def _encodings(spec: "pa.Schema") -> dict[str, object]:
     }
 
 
-def _write_arrow(data: "pa.Table", table: str, path: Path) -> None:
-    import pyarrow.parquet as pq
-
-    from stepscope.store import schema
-
-    spec = schema.TABLES[table].schema
-    data = data.cast(spec).replace_schema_metadata(file_metadata(table))
-    with open(path, "wb") as handle:
-        pq.write_table(data, handle, compression="zstd", compression_level=3,
-                       row_group_size=256 * 1024, **_encodings(spec))
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_partition(root: Path | str, table: str, run: str, rank: int, source: str,
                     data: PartData) -> Path:
     """Write ``data`` as the part of ``table`` that ``source`` contributes to (run, rank).
@@ -118,24 +78,22 @@ def write_partition(root: Path | str, table: str, run: str, rank: int, source: s
     atomically, also while another process writes it.
     """
     target = part_path(Path(root), table, run, int(rank), source)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(target)
-    tmp = temporary_path(target)
-    try:
-        if hasattr(data, "write_parquet"):
+    if hasattr(data, "write_parquet"):
+        with atomic_path(target) as tmp:
             data.write_parquet(tmp, file_metadata(table))
-        else:
-            _write_arrow(data, table, tmp)
-        _fsync(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        return target
+    import pyarrow.parquet as pq
+
+    from stepscope.store import schema
+
+    spec = schema.TABLES[table].schema
+    table_data = data.cast(spec).replace_schema_metadata(file_metadata(table))
+    with atomic_write(target) as handle:
+        pq.write_table(table_data, handle, compression="zstd", compression_level=3,
+                       row_group_size=256 * 1024, **_encodings(spec))
     return target
 
 
 def move_part(root: Path, table: str, run: str, rank: int, source: str, to_run: str) -> None:
     """Move an uncommitted part to another run (a rename: same file system, atomic)."""
-    target = part_path(root, table, to_run, rank, source)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(part_path(root, table, run, rank, source), target)
+    move_file(part_path(root, table, run, rank, source), part_path(root, table, to_run, rank, source))

@@ -1,11 +1,14 @@
 """Budgets: how much a metric may grow (or shrink) before the gate fails.
 
 A budget is written ``METRIC:THRESHOLD``: ``step_time:+5%`` (may grow by at most 5 %),
-``comm_exposed:+2ms`` (by at most 2 ms), ``peak_memory:+512MiB``, ``busbw:-10%`` (bandwidth may
-drop by at most 10 %). The sign says which direction is bad; ``%`` makes the threshold relative
+``comm_exposed:+2ms`` (by at most 2 ms), ``peak_memory:+512MiB``, ``busbw:-10%`` (bus bandwidth
+may drop by at most 10 %), ``copy_bandwidth_h2d:-5GB/s``. The sign says which direction is bad; ``%`` makes the threshold relative
 to the baseline's value, a unit makes it absolute. The same strings are used on the command
 line (``--fail-on``), in ``stepscope.toml`` / ``[tool.stepscope]`` and in the pytest marker,
 so there is one parser and one set of metric names.
+
+A **floor** per metric (``step_time:1ms``; defaults in :data:`DEFAULT_FLOORS`) is the smallest
+absolute change that can fail: a 0.1 ms change of a 1 ms step is +10 %, yet timer noise.
 """
 
 from __future__ import annotations
@@ -23,14 +26,29 @@ BANDWIDTH_UNITS = {"GB/s": 1.0, "MB/s": 1e-3}
 UNITS_BY_DIMENSION = {"ns": TIME_UNITS, "bytes": BYTE_UNITS, "gbps": BANDWIDTH_UNITS}
 """Units an absolute threshold may use, per metric dimension (the metric's own unit is 1)."""
 
+COPY_DIRECTIONS: tuple[str, ...] = ("h2d", "d2h", "d2d")
+"""Copy directions with their own bandwidth metric (``copy_bandwidth_<direction>``), as
+:func:`stepscope.analysis.copies.copy_summary` names them."""
+
 BUDGET_METRICS: dict[str, str] = {
     "step_time": "ns",
     **{metric: part.unit for metric, part in GPU.budget_metrics().items()},
     "peak_memory": "bytes",
+    "busbw": "gbps",
+    "copy_bandwidth": "gbps",
+    **{f"copy_bandwidth_{d}": "gbps" for d in COPY_DIRECTIONS},
 }
 """Metric name -> dimension. These are the names of the comparison's metrics (see metrics.py): the
 step time, each step part the catalogue (:mod:`stepscope.analysis.parts`) names a budget metric
-for, and the peak memory."""
+for, the peak memory, the bus bandwidth of the collectives and the copy bandwidth (all copies,
+then per direction)."""
+
+DEFAULT_FLOORS: dict[str, float] = {"ns": 500_000, "bytes": 16 * 2**20, "gbps": 1.0}
+"""Absolute floor per dimension: a change smaller than this never fails, whatever its relative
+size. 0.5 ms of step time (timer and scheduler noise of a CPU process), 16 MiB of memory (the
+allocator's rounding and caching moves CPU peaks by hundreds of KiB between identical runs),
+1 GB/s of bandwidth. Override per metric with ``--floor METRIC:AMOUNT``, ``[floors]`` in the
+config or the marker's ``floor``."""
 
 DEFAULT_BUDGETS: tuple[str, ...] = ("step_time:+10%", "peak_memory:+10%")
 """Used when neither the command line nor a config file gives budgets. Step time is what users
@@ -57,26 +75,57 @@ class Budget:
                 "kind": "relative" if self.relative else "absolute", "threshold": self.threshold}
 
 
+def _known_metric(what: str, text: str, metric: str) -> str:
+    if metric not in BUDGET_METRICS:
+        raise UsageError(f"{what} {text!r}: unknown metric {metric!r}; known: {', '.join(BUDGET_METRICS)}")
+    return metric
+
+
+def _in_metric_unit(what: str, text: str, metric: str, value: float, unit: str, alternatives: str = "") -> float:
+    """``value`` ``unit`` in ``metric``'s own unit (ns, bytes, GB/s); a clear error when the unit
+    does not fit the metric."""
+    units = UNITS_BY_DIMENSION[BUDGET_METRICS[metric]]
+    if unit not in units:
+        raise UsageError(f"{what} {text!r}: unit {unit!r} does not fit {metric} (use {alternatives}one of "
+                         f"{', '.join(units)})")
+    return value * units[unit]
+
+
 def parse_budget(text: str) -> Budget:
     """``"step_time:+5%"`` -> :class:`Budget`; a clear :class:`UsageError` otherwise."""
     match = _BUDGET.match(text)
     if not match:
         raise UsageError(f"budget {text!r}: expected METRIC:+N% or METRIC:+N<unit>, e.g. step_time:+5% "
                          "or comm_exposed:+2ms")
-    metric = match["metric"]
-    if metric not in BUDGET_METRICS:
-        raise UsageError(f"budget {text!r}: unknown metric {metric!r}; known: {', '.join(BUDGET_METRICS)}")
+    metric = _known_metric("budget", text, match["metric"])
     value = float(match["value"])
     unit = match["unit"]
     direction = 1 if match["sign"] == "+" else -1
     canonical = f"{metric}:{match['sign']}{match['value']}{unit}"
     if unit == "%":
         return Budget(metric, direction, value / 100, True, canonical)
-    units = UNITS_BY_DIMENSION[BUDGET_METRICS[metric]]
-    if unit not in units:
-        raise UsageError(f"budget {text!r}: unit {unit!r} does not fit {metric} (use % or one of "
-                         f"{', '.join(units)})")
-    return Budget(metric, direction, value * units[unit], False, canonical)
+    return Budget(metric, direction, _in_metric_unit("budget", text, metric, value, unit, "% or "), False, canonical)
+
+
+_FLOOR = re.compile(r"^\s*(?P<metric>[a-z_0-9]+)\s*:\s*\+?\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[A-Za-z/]+)\s*$")
+
+
+def parse_floor(text: str) -> tuple[str, float]:
+    """``"peak_memory:64MiB"`` -> ``("peak_memory", 67108864.0)``: a metric's absolute floor in its
+    own unit; a clear :class:`UsageError` otherwise."""
+    match = _FLOOR.match(text)
+    if not match:
+        raise UsageError(f"floor {text!r}: expected METRIC:AMOUNT with a unit, e.g. step_time:1ms or "
+                         "peak_memory:64MiB")
+    metric = _known_metric("floor", text, match["metric"])
+    return metric, _in_metric_unit("floor", text, metric, float(match["value"]), match["unit"])
+
+
+def floors(texts: list[str] | tuple[str, ...] = ()) -> dict[str, float]:
+    """Every metric's floor: :data:`DEFAULT_FLOORS` by dimension, overridden by ``texts`` in order."""
+    out = {metric: DEFAULT_FLOORS[dimension] for metric, dimension in BUDGET_METRICS.items()}
+    out.update(parse_floor(text) for text in texts)
+    return out
 
 
 def parse_budgets(texts: list[str] | tuple[str, ...]) -> list[Budget]:
@@ -100,6 +149,9 @@ def budgets_from_mapping(mapping: Mapping[str, Any], where: str) -> list[str]:
     return texts
 
 
-def merge_budgets(config: list[str], command_line: list[str]) -> list[Budget]:
-    """Defaults, overridden per metric by the config file, overridden by the command line."""
+def merge_budgets(config: list[str], command_line: list[str], *, defaults: bool = True) -> list[Budget]:
+    """Defaults, overridden per metric by the config file, overridden by the command line.
+    ``defaults=False`` (a pytest marker's own ``budget``): the command-line budgets alone."""
+    if not defaults:
+        return parse_budgets(command_line)
     return parse_budgets([*DEFAULT_BUDGETS, *config, *command_line])

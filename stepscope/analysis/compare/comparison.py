@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from stepscope.analysis.absent import Absent, Maybe
+from stepscope.analysis.compare.budgets import COPY_DIRECTIONS
 from stepscope.analysis.compare.comparability import Check, comparability
 from stepscope.analysis.compare.metrics import (
     RunFacts,
@@ -23,6 +24,14 @@ from stepscope.analysis.findings import Finding, Severity
 from stepscope.analysis.parts import GPU
 from stepscope.analysis.sections import SQLStore
 from stepscope.render.units import format_value, signed_percent
+
+BANDWIDTH_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("busbw", "bus bandwidth", "comm.collective_kernels.busbw_gbps (per step)"),
+    ("copy_bandwidth", "copy bandwidth", "copies.copy_summary.bandwidth_gbps (per step)"),
+    *((f"copy_bandwidth_{d}", f"{d.upper()} copy bandwidth", f"copies.copy_summary.bandwidth_gbps (per step, {d})")
+      for d in COPY_DIRECTIONS),
+)
+"""(metric, label, source) of the bandwidth metrics, after the peak memory. Per rank and step."""
 
 ALPHA = 0.05
 """Significance level of the noise test (one-sided Mann-Whitney U)."""
@@ -73,6 +82,11 @@ class MetricDelta:
         return 100.0 * self.delta / self.base_value
 
     @property
+    def higher_is_better(self) -> bool:
+        """Bandwidths: a drop is the regression. Times and memory: growth is."""
+        return self.unit == "gbps"
+
+    @property
     def absent_reason(self) -> str | None:
         for side, value in (("baseline", self.baseline), ("candidate", self.candidate)):
             if isinstance(value, Absent):
@@ -109,7 +123,8 @@ class NamedDelta:
 class Comparison:
     """The whole comparison: both runs' facts, comparability, metrics, per-name diffs, findings."""
 
-    baseline: RunFacts
+    baseline: Maybe[RunFacts]
+    """Absent when there is no baseline yet (:func:`without_baseline`)."""
     candidate: RunFacts
     step_source: str
     checks: list[Check]
@@ -191,13 +206,13 @@ def _metric_findings(metrics: list[MetricDelta], alpha: float, step_ns: float | 
             continue
         if m.unit == "ns" and step_ns and abs(m.delta or 0) < KERNEL_NOTABLE_SHARE * step_ns:
             continue
-        worse = pct > 0
-        test = m.increase if worse else m.decrease
+        worse = (pct > 0) != m.higher_is_better
+        test = m.increase if pct > 0 else m.decrease
         evidence = {"metric": m.metric, "baseline": m.base_value, "candidate": m.cand_value,
                     "delta": m.delta, "delta_pct": pct,
                     "p_value": None if test is None else test.p_value}
         found.append(Finding(Severity.WARNING if worse else Severity.INFO, f"compare.{m.metric}",
-                             f"{m.label} {'up' if worse else 'down'} {abs(pct):.1f}% "
+                             f"{m.label} {'up' if pct > 0 else 'down'} {abs(pct):.1f}% "
                              f"({format_value(m.base_value, m.unit)} -> {format_value(m.cand_value, m.unit)})", evidence))
     return found
 
@@ -227,16 +242,33 @@ def _kernel_findings(kernels: Maybe[list[NamedDelta]], step_ns: float | None) ->
     return found
 
 
+def _metrics(base: Maybe[RunProfile], cand: RunProfile) -> list[MetricDelta]:
+    """Every metric of both runs, in :data:`~stepscope.analysis.compare.budgets.BUDGET_METRICS`
+    order; an absent ``base`` (no baseline yet) makes every baseline side absent with its reason."""
+    def samples(profile: Maybe[RunProfile], metric: str) -> Maybe[list[float]]:
+        return profile if isinstance(profile, Absent) else profile.samples[metric]
+
+    def peaks(profile: Maybe[RunProfile]) -> Maybe[list[float]]:
+        return profile if isinstance(profile, Absent) else profile.peak_memory
+
+    step_source = cand.step_source if isinstance(base, Absent) else base.step_source
+    device = (cand if isinstance(base, Absent) else base).peak_memory_device
+    metrics = [_metric("step_time", "step time", "ns", "median", samples(base, "step_time"),
+                       cand.samples["step_time"], step_source)]
+    for metric, part in GPU.budget_metrics().items():
+        metrics.append(_metric(metric, part.label, part.unit, "median", samples(base, metric), cand.samples[metric],
+                               f"step_breakdown.{part.column}"))
+    metrics.append(_metric("peak_memory", f"peak memory ({device or 'n/a'})", "bytes", "max",
+                           peaks(base), cand.peak_memory, "memory.step_peaks.peak_allocated_bytes"))
+    for metric, label, source in BANDWIDTH_METRICS:
+        metrics.append(_metric(metric, label, "gbps", "median", samples(base, metric), cand.samples[metric], source))
+    return metrics
+
+
 def compare_profiles(base: RunProfile, cand: RunProfile, *, alpha: float = ALPHA) -> Comparison:
     """Compare two gathered runs (pure: no store access)."""
     source = base.step_source if base.step_source == cand.step_source else "mixed"
-    metrics = [_metric("step_time", "step time", "ns", "median", base.samples["step_time"],
-                       cand.samples["step_time"], base.step_source)]
-    for metric, part in GPU.budget_metrics().items():
-        metrics.append(_metric(metric, part.label, part.unit, "median", base.samples[metric], cand.samples[metric],
-                               f"step_breakdown.{part.column}"))
-    metrics.append(_metric("peak_memory", f"peak memory ({base.peak_memory_device or 'n/a'})", "bytes", "max",
-                           base.peak_memory, cand.peak_memory, "memory.step_peaks.peak_allocated_bytes"))
+    metrics = _metrics(base, cand)
     kernels = _named(base.kernels, cand.kernels)
     step_ns = metrics[0].base_value
     findings = _metric_findings(metrics, alpha, step_ns) + _kernel_findings(kernels, step_ns)
@@ -252,6 +284,16 @@ def compare_profiles(base: RunProfile, cand: RunProfile, *, alpha: float = ALPHA
         findings=findings,
         alpha=alpha,
     )
+
+
+def without_baseline(cand: RunProfile, reason: str, *, alpha: float = ALPHA) -> Comparison:
+    """The candidate alone, when there is no baseline yet (the first run of a branch): its own
+    figures, every baseline side absent with ``reason``, no comparability checks, no findings.
+    The gate turns it into the ``no_baseline`` outcome."""
+    absent = Absent(reason)
+    return Comparison(baseline=absent, candidate=cand.facts, step_source=cand.step_source, checks=[],
+                      metrics=_metrics(absent, cand), kernels=absent, collectives=absent, copies=absent,
+                      findings=[], alpha=alpha)
 
 
 def compare_runs(base_store: SQLStore, base_run: str, cand_store: SQLStore, cand_run: str,

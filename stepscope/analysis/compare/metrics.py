@@ -6,7 +6,8 @@ Nothing here recomputes an analysis figure: step parts come from
 :func:`stepscope.analysis.comm.collective_summary`, copy bandwidth from
 :func:`stepscope.analysis.copies.copy_summary`, memory peaks from
 :func:`stepscope.analysis.memory.step_peaks` and kernels from
-:func:`stepscope.analysis.kernels.top_kernels`. This module only gathers their rows into per-step samples
+:func:`stepscope.analysis.kernels.top_kernels`; the per-step bus and copy bandwidths sum the
+rows of :func:`~stepscope.analysis.comm.collective_kernels` and ``copy_summary`` per step. This module only gathers their rows into per-step samples
 (one value per rank and step) and per-name tables, the shapes that statistics need. Which step
 parts are compared, and under which metric names, is the catalogue's
 (``stepscope.analysis.parts.GPU.budget_metrics()``).
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepscope.analysis.absent import Absent, Maybe
+from stepscope.analysis.compare.budgets import COPY_DIRECTIONS
 from stepscope.analysis.breakdown import step_breakdown, step_windows
 from stepscope.analysis.comm import collective_kernels, collective_summary
 from stepscope.analysis.copies import copy_summary
@@ -190,6 +192,44 @@ def peak_memory_samples(store: SQLStore, run: str) -> tuple[Maybe[list[float]], 
     return Absent("no [memory] events in this run's traces (record with profile_memory=True)"), None
 
 
+def _per_step_rate(rows: list[dict[str, Any]], amount: str) -> list[float]:
+    """``sum(amount) / sum(dur_ns)`` per (rank, step) over ``rows`` inside a step with a known
+    amount and a nonzero duration: bytes per ns, i.e. GB/s."""
+    totals: dict[tuple[int, int], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for row in rows:
+        if row["step"] is None or row[amount] is None or not row["dur_ns"]:
+            continue
+        total = totals[(row["rank"], row["step"])]
+        total[0] += row[amount]
+        total[1] += row["dur_ns"]
+    return [moved / ns for moved, ns in (totals[k] for k in sorted(totals)) if ns > 0]
+
+
+def busbw_samples(kernels: list[dict[str, Any]]) -> Maybe[list[float]]:
+    """Bus bandwidth per rank and step (GB/s): the step's collective kernels' bytes times their
+    nccl-tests bus factor over their summed time (``kernels``: the rows of
+    :func:`stepscope.analysis.comm.collective_kernels`, whose ``busbw_gbps * dur_ns`` is that
+    product). Host-side (gloo, CPU) collectives are left out: their duration is the CPU op's, not
+    a transfer's."""
+    rows = [{**r, "moved": None if r["busbw_gbps"] is None else r["busbw_gbps"] * r["dur_ns"]}
+            for r in kernels if not r["host_side"]]
+    values = _per_step_rate(rows, "moved")
+    return values or Absent("no device collectives with a known size and bus factor inside steps")
+
+
+def copy_bandwidth_samples(store: SQLStore, run: str) -> dict[str, Maybe[list[float]]]:
+    """Copy bandwidth per rank and step (GB/s: bytes over copy time) from
+    :func:`stepscope.analysis.copies.copy_summary` (per step): ``copy_bandwidth`` over every copy,
+    ``copy_bandwidth_<direction>`` over one direction's."""
+    rows = copy_summary(store, run, per_step=True).to_pylist()
+    out: dict[str, Maybe[list[float]]] = {}
+    for metric, direction in (("copy_bandwidth", None), *((f"copy_bandwidth_{d}", d) for d in COPY_DIRECTIONS)):
+        values = _per_step_rate([r for r in rows if direction in (None, r["direction"])], "bytes")
+        what = "memcpy events" if direction is None else f"{direction.upper()} copies"
+        out[metric] = values or Absent(f"no {what} with a known size inside steps")
+    return out
+
+
 def _median_over_ranks(per_rank: dict[str, list[float]]) -> dict[str, float]:
     return {key: median(values) for key, values in per_rank.items() if values}
 
@@ -231,12 +271,12 @@ def collective_stats(store: SQLStore, run: str) -> Maybe[list[NamedStat]]:
     return [NamedStat(key, med_bw.get(key), med_count[key]) for key in sorted(med_count)]
 
 
-def collectives_per_step(store: SQLStore, run: str) -> Maybe[dict[str, float]]:
-    """Collective kind -> median count per (rank, step), from the per-kernel table of
+def collectives_per_step(kernels: list[dict[str, Any]]) -> Maybe[dict[str, float]]:
+    """Collective kind -> median count per (rank, step), from the rows of
     :func:`stepscope.analysis.comm.collective_kernels` (kernels outside any step are left out)."""
     per: dict[str, dict[tuple[int, int], int]] = defaultdict(lambda: defaultdict(int))
     rank_steps: set[tuple[int, int]] = set()
-    for row in collective_kernels(store, run).to_pylist():
+    for row in kernels:
         if row["step"] is None:
             continue
         per[row["collective"] or "unknown"][(row["rank"], row["step"])] += 1
@@ -267,6 +307,9 @@ def run_profile(store: SQLStore, run: str, *, use_step_times: bool) -> RunProfil
     """Gather everything the comparison needs about ``run``."""
     facts = run_facts(store, run)
     source, samples = step_samples(store, run, use_step_times=use_step_times)
+    kernels = collective_kernels(store, run).to_pylist()
+    samples["busbw"] = busbw_samples(kernels)
+    samples.update(copy_bandwidth_samples(store, run))
     peaks, device = peak_memory_samples(store, run)
     return RunProfile(
         facts=facts,
@@ -277,5 +320,5 @@ def run_profile(store: SQLStore, run: str, *, use_step_times: bool) -> RunProfil
         kernels=kernel_stats(store, run, facts.steps),
         collectives=collective_stats(store, run),
         copies=copy_stats(store, run),
-        collectives_per_step=collectives_per_step(store, run),
+        collectives_per_step=collectives_per_step(kernels),
     )

@@ -10,8 +10,6 @@ from stepscope.dashboard._data import context
 from stepscope.dashboard._filters import select
 from stepscope.dashboard._view import GIB, chart, data_table, frame, ns_to_ms, shown, with_units
 
-DIRECTIONS = ["h2d", "d2h", "d2d", "other"]
-
 ctx = context()
 st.title(f"Offload & copies: {ctx.run}")
 

@@ -1,0 +1,94 @@
+"""The one way stepscope replaces a file: a temporary name of the writer's own, flushed to disk,
+renamed into place.
+
+Every file stepscope writes for readers to find (Parquet parts, the dedupe index, baselines and
+acceptances, cached frames and documents, exported traces, the report's script cache) goes
+through :func:`atomic_write` (or :func:`atomic_path`, for a writer that opens the file itself),
+so a reader sees the old file or the whole new one, never half:
+
+- the temporary name is unique per writer, ``<name>.<pid>.<random>.tmp`` (two processes or
+  threads writing the same file each rename a complete file of their own; the last rename wins;
+  with one shared temporary name they interleaved their bytes in one inode);
+- the data is flushed and ``fsync``-ed before the rename, so a crash after it cannot leave an
+  empty or short file under the final name;
+- on any failure (a full disk, Ctrl-C) the temporary file is removed; a ``kill -9`` leaves at
+  most a stray one, which a later write of the same file removes once it is ``STALE_TMP_S`` old.
+
+The ``*.parquet`` globs of the catalog never match a ``.tmp`` name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+TMP_SUFFIX = ".tmp"
+STALE_TMP_S = 3600.0
+"""A temporary file untouched for this long belongs to a writer that died: a live writer keeps
+writing to it (or renames it) within seconds."""
+
+
+def temporary_path(target: Path) -> Path:
+    """A name beside ``target`` that no other writer (process or thread) uses."""
+    return target.with_name(f"{target.name}.{os.getpid()}.{secrets.token_hex(6)}{TMP_SUFFIX}")
+
+
+def remove_stale_temporaries(target: Path, older_than_s: float = STALE_TMP_S) -> None:
+    """Delete temporary files of ``target`` left by writers that died (untouched for a while)."""
+    cutoff = time.time() - older_than_s
+    for stray in target.parent.glob(f"{target.name}.*{TMP_SUFFIX}"):
+        try:
+            if stray.stat().st_mtime < cutoff:
+                stray.unlink()
+        except OSError:  # another writer removed or renamed it meanwhile
+            pass
+
+
+@contextlib.contextmanager
+def atomic_path(target: Path | str) -> Iterator[Path]:
+    """Yield a temporary path beside ``target`` (creating its folder) for a writer that opens the
+    file itself (DuckDB's ``COPY ... TO``); when the block ends without error, fsync the file and
+    rename it over ``target``; otherwise remove it."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(target)
+    tmp = temporary_path(target)
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_write(target: Path | str, mode: str = "wb", encoding: str | None = None) -> Iterator[IO[Any]]:
+    """Open a temporary file beside ``target`` (creating its folder) and yield it; when the block
+    ends without error, flush, fsync and rename it over ``target``; otherwise remove it."""
+    with atomic_path(target) as tmp, open(tmp, mode, encoding=encoding) as handle:
+        yield handle
+        handle.flush()
+
+
+def write_text_atomic(target: Path | str, text: str) -> None:
+    """Replace ``target`` with ``text`` (UTF-8), atomically."""
+    with atomic_write(target, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def move_file(source: Path | str, target: Path | str) -> None:
+    """Move a complete file to ``target`` (creating its folder): one rename, so a reader sees it
+    at one place or the other (same file system)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(source, target)

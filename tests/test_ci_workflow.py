@@ -1,0 +1,237 @@
+"""docs/ci.md's GitHub Actions workflow, run as written, through the CI life-cycle: the first
+pull request (no baseline yet), a push to main, a passing pull request, a regressing one, and
+the same one accepted. The steps are read from the doc itself, so the doc cannot drift from what
+this test runs; each step's exit code and the files it leaves are checked.
+
+The job runs in a fresh folder (the "clone": the repository's ``examples/``), with ``stepscope``
+and ``python`` from this test's environment (the workflow's ``pip install`` step is that
+environment). GitHub's own actions are played by small stand-ins (checkout copies the clone,
+the artifact actions copy folders), and every ``${{ }}`` expression and ``if:`` condition of
+the doc must be one this test knows, so a change to the doc that the test cannot follow fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+
+yaml = pytest.importorskip("yaml")
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class Event:
+    """What triggered the job: ``push`` or ``pull_request``, the commit, the pull request's
+    labels and title."""
+
+    name: str
+    sha: str
+    labels: tuple[str, ...] = ()
+    title: str = ""
+
+
+EXPRESSIONS: dict[str, Callable[[Event], str]] = {
+    "github.sha": lambda e: e.sha,
+    "github.event_name": lambda e: e.name,
+    "github.event.pull_request.title": lambda e: e.title,
+    "contains(github.event.pull_request.labels.*.name, 'perf-accepted')":
+        lambda e: "true" if "perf-accepted" in e.labels else "false",
+}
+"""The ``${{ }}`` expressions the doc may use, evaluated as GitHub would."""
+
+CONDITIONS: dict[str | None, Callable[[Event, bool], bool]] = {
+    None: lambda e, ok: ok,
+    "github.event_name == 'pull_request'": lambda e, ok: ok and e.name == "pull_request",
+    "github.event_name == 'push'": lambda e, ok: ok and e.name == "push",
+    "always()": lambda e, ok: True,
+    "always() && github.event_name == 'pull_request'": lambda e, ok: e.name == "pull_request",
+}
+"""A step's ``if:`` -> whether it runs, given the event and whether every earlier step succeeded
+(GitHub's implicit ``success()``)."""
+
+
+def workflow_steps() -> list[dict[str, Any]]:
+    """The steps of the one job of the ``yaml`` block in docs/ci.md."""
+    text = (REPO / "docs" / "ci.md").read_text(encoding="utf-8")
+    [block] = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    [job] = yaml.safe_load(block)["jobs"].values()
+    return job["steps"]
+
+
+def substitute(text: str, event: Event) -> str:
+    def one(match: re.Match[str]) -> str:
+        expression = match[1].strip()
+        assert expression in EXPRESSIONS, f"docs/ci.md uses ${{{{ {expression} }}}}, which this test cannot evaluate"
+        return EXPRESSIONS[expression](event)
+
+    return re.sub(r"\$\{\{(.*?)\}\}", one, text)
+
+
+@dataclass
+class Job:
+    """One run of the workflow's job: each step's exit code (None: skipped) and its folder."""
+
+    workspace: Path
+    codes: dict[str, int | None] = field(default_factory=dict)
+    ok: bool = True
+    logs: list[str] = field(default_factory=list)
+
+    def file(self, name: str) -> Path:
+        return self.workspace / name
+
+
+class Runner:
+    """Plays the workflow for one event at a time; artifacts persist between jobs."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.artifacts = root / "artifacts"
+        self.jobs = 0
+
+    def run(self, event: Event, clone: Path) -> Job:
+        self.jobs += 1
+        job = Job(self.root / f"job{self.jobs}-{event.name}")
+        job.workspace.mkdir()
+        summary = self.root / f"summary{self.jobs}.md"
+        for step in workflow_steps():
+            name = step.get("name") or step.get("uses") or step["run"].split()[0]
+            condition = step.get("if")
+            assert condition in CONDITIONS, f"docs/ci.md step {name!r}: if {condition!r} is unknown to this test"
+            if not CONDITIONS[condition](event, job.ok):
+                job.codes[name] = None
+                continue
+            if "uses" in step:
+                code = self._action(step["uses"].split("@")[0], step.get("with") or {}, job, clone)
+            elif step["run"].startswith("pip install"):
+                code = 0  # this test's environment is the installed stepscope
+            else:
+                code = self._shell(substitute(step["run"], event), step.get("env") or {}, event, job, summary)
+            job.codes[name] = code
+            if code != 0 and not step.get("continue-on-error"):
+                job.ok = False
+        job.logs.append(summary.read_text() if summary.exists() else "")
+        return job
+
+    def _shell(self, script: str, env: dict[str, Any], event: Event, job: Job, summary: Path) -> int:
+        environment = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                       "GITHUB_STEP_SUMMARY": str(summary),
+                       **{k: substitute(str(v), event) for k, v in env.items()}}
+        environment.pop("STEPSCOPE_DEBUG", None)
+        done = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=job.workspace,
+                              env=environment, capture_output=True, text=True, timeout=600)
+        job.logs.append(f"$ {script}\n{done.stdout}{done.stderr}[exit {done.returncode}]")
+        return done.returncode
+
+    def _action(self, action: str, inputs: dict[str, Any], job: Job, clone: Path) -> int:
+        if action == "actions/checkout":
+            shutil.copytree(clone, job.workspace, dirs_exist_ok=True)
+            return 0
+        if action == "actions/setup-python":
+            return 0
+        if action == "dawidd6/action-download-artifact":
+            stored = self.artifacts / inputs["name"]
+            if not stored.is_dir():
+                return 1  # no artifact of that name yet
+            shutil.copytree(stored, job.workspace / inputs["path"])
+            return 0
+        if action == "actions/upload-artifact":
+            target = self.artifacts / inputs["name"]
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir(parents=True)
+            paths = [p for p in str(inputs["path"]).split() if p]
+            for path in paths:
+                source = job.workspace / path
+                if source.is_dir() and len(paths) == 1:
+                    shutil.copytree(source, target, dirs_exist_ok=True)  # the folder's contents
+                elif source.is_file():
+                    shutil.copy2(source, target / source.name)
+            return 0
+        raise AssertionError(f"docs/ci.md uses action {action!r}, which this test does not play")
+
+
+@pytest.fixture(scope="module")
+def clones(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The repository as main has it, and as a pull request that makes the model 8x wider."""
+    if shutil.which("stepscope", path=str(BIN)) is None:
+        pytest.skip("the stepscope command is not installed in this environment")
+    pytest.importorskip("vl_convert")
+    root = tmp_path_factory.mktemp("clones")
+    main, wide = root / "main", root / "wide"
+    for clone in (main, wide):
+        shutil.copytree(REPO / "examples", clone / "examples")
+    bench = wide / "examples" / "train_bench.py"
+    text = bench.read_text()
+    assert "\nWIDTH = 128\n" in text
+    bench.write_text(text.replace("\nWIDTH = 128\n", "\nWIDTH = 1024\n"))
+    return main, wide
+
+
+def _verdict(job: Job) -> dict[str, Any]:
+    return json.loads(job.file("compare.json").read_text())
+
+
+def test_the_documented_workflow_runs_as_written(tmp_path: Path, clones: tuple[Path, Path]) -> None:
+    main, wide = clones
+    runner = Runner(tmp_path)
+    compare, report = "Compare the pull request with main", "HTML report"
+
+    first = runner.run(Event("pull_request", "pr1", title="first change"), main)
+    assert first.ok, first.logs
+    assert first.codes["Fetch the store with the main branch's baseline"] == 1  # none yet: continue-on-error
+    assert first.codes[compare] == 0
+    doc = _verdict(first)
+    assert doc["verdict"]["status"] == "no_baseline" and doc["candidate"]["run"] == "run-pr1"
+    cases = list(ET.parse(first.file("compare.xml")).getroot().iter("testcase"))
+    assert cases and all(c.find("skipped") is not None for c in cases)
+    assert "No baseline yet" in first.logs[-1]  # the job summary
+    assert "not compared: no baseline yet" in first.file("report.html").read_text()
+    assert sorted(p.name for p in (runner.artifacts / "perf-report").iterdir()) == [
+        "compare.json", "compare.xml", "report.html"]
+    assert not (runner.artifacts / "perf-store").exists()
+
+    push = runner.run(Event("push", "main1"), main)
+    assert push.ok, push.logs
+    assert push.codes[compare] is None and push.codes[report] == 0
+    assert "not compared: no baseline yet" in push.file("report.html").read_text()
+    baselines = json.loads((runner.artifacts / "perf-store" / "baselines.json").read_text())["baselines"]
+    assert baselines["main"]["run"] == "run-main1"
+
+    passing = runner.run(Event("pull_request", "pr2", title="refactor"), main)
+    assert passing.ok, passing.logs
+    assert passing.codes[compare] == 0 and _verdict(passing)["verdict"]["status"] == "pass", passing.logs
+    assert "compared with baseline run-main1: pass" in passing.file("report.html").read_text()
+
+    regressing = runner.run(Event("pull_request", "pr3", title="wider model"), wide)
+    assert not regressing.ok and regressing.codes[compare] == 1, regressing.logs
+    doc = _verdict(regressing)
+    assert doc["verdict"]["status"] == "regression"
+    failed = {b["metric"]: b for b in doc["budgets"] if b["status"] == "fail"}
+    assert failed["step_time"]["decided_by"] == "threshold+mann_whitney"
+    assert any(r.startswith("step time:") for r in doc["verdict"]["reasons"])  # the metric is named
+    assert "REGRESSION" in regressing.logs[-1] and "step time" in regressing.logs[-1]
+    junit = {c.get("name"): c for c in ET.parse(regressing.file("compare.xml")).getroot().iter("testcase")}
+    assert junit["step_time:+10%"].find("failure") is not None
+    assert regressing.codes[report] == 0 and regressing.file("report.html").is_file()  # always()
+    assert (runner.artifacts / "perf-report" / "compare.json").read_text() == regressing.file("compare.json").read_text()
+
+    accepted = runner.run(Event("pull_request", "pr3", labels=("perf-accepted",), title="wider model: intended"),
+                          wide)
+    assert accepted.ok and accepted.codes[compare] == 0, accepted.logs
+    record = json.loads(accepted.file("perf-store/acceptances/run-pr3.json").read_text())
+    assert record["reason"] == "wider model: intended" and record["previous_baseline_run"] == "run-main1"
+    assert _verdict(accepted)["verdict"]["status"] == "regression"  # the summary still shows what changed
