@@ -31,8 +31,9 @@ TIME_COLUMNS = {
     "memory": ("ts_ns",),
     "step_times": ("start_ns",),
     "sources": ("trace_start_ns", "trace_end_ns"),
+    "rank_copies": ("ts_ns",),
 }
-TABLES = ("events", "steps", "memory", "step_times", "memory_roles", "sources")  # sources last: it commits
+TABLES = ("events", "steps", "memory", "step_times", "memory_roles", "rank_copies", "sources")  # sources last: it commits
 
 
 def scale_rank(src_root: Path, run: str, rank: int, dst_root: Path, dst_run: str, copies: int,

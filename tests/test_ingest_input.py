@@ -159,12 +159,14 @@ def test_interrupted_file_write_leaves_no_partial_parquet(tmp_path: Path, make_t
 def test_every_parquet_file_carries_the_schema_version(tmp_path: Path, make_trace) -> None:
     import pyarrow.parquet as pq
 
+    from stepscope.store.ingest import PARTS
     from stepscope.store.schema import SCHEMA_VERSION
 
     store = tmp_path / "store"
     ingest_trace_file(make_trace("rank0.json", GOOD_EVENTS), store, "r")
     files = list(store.rglob("*.parquet"))
-    assert len(files) == 4
+    assert len(files) == len(PARTS) + 1  # each part of the trace, and its sources row
+    assert {f.parts[-4] for f in files} == {*PARTS, "sources"}
     for file in files:
         meta = pq.read_schema(file).metadata
         assert meta[b"stepscope.schema_version"] == str(SCHEMA_VERSION).encode()

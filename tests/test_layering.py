@@ -1,4 +1,5 @@
-"""Dependencies point one way: store and analysis never import torch/streamlit/altair."""
+"""Dependencies point one way: store and analysis never import torch/streamlit/altair; rankstats
+(each rank's answers) imports none of the layers above it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ FORBIDDEN = {
     "store": {"torch", "streamlit", "altair", "stepscope.analysis", "stepscope.dashboard", "stepscope.collector"},
     "analysis": {"torch", "streamlit", "altair", "stepscope.dashboard", "stepscope.collector"},
     "collector": {"streamlit", "altair", "stepscope.dashboard", "stepscope.analysis"},
+    # Each rank's answers sit below both the store's converter and the analyses (docs/ARCHITECTURE.md).
+    "rankstats": {"torch", "streamlit", "altair", "stepscope.store", "stepscope.analysis", "stepscope.dashboard",
+                  "stepscope.collector", "stepscope.commands", "stepscope.render"},
 }
 
 

@@ -83,6 +83,12 @@ class Store:
                 f"{self.root}: store written with schema version {versions[-1]}, newer than this "
                 f"stepscope understands ({schema.SCHEMA_VERSION}); upgrade stepscope"
             )
+        if versions and versions[0] < schema.SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.root}: store written with schema version {versions[0]}, older than this "
+                f"stepscope's ({schema.SCHEMA_VERSION}); bring it up to date once with "
+                f"`stepscope migrate --store {self.root}`"
+            )
 
     def _empty_relation(self, table: schema.Table) -> None:
         empty = table.schema.empty_table()

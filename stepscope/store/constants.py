@@ -7,8 +7,10 @@ every name here.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
-"""Bump on any change a reader would notice; readers refuse files from a newer version."""
+SCHEMA_VERSION = 2
+"""Bump on any change a reader would notice; readers refuse files from a newer version, and a
+store of an older one until ``stepscope migrate`` brought it up to date. 2: each rank's answers
+computed at ingest (``rank_*`` tables), ``sources.process_id``."""
 
 SCHEMA_VERSION_KEY = b"stepscope.schema_version"
 TABLE_KEY = b"stepscope.table"

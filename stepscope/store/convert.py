@@ -238,7 +238,7 @@ nccl-tests message size ``max(in, out) x element size``; the normalised collecti
 
 _STEPS_PART = """
 SELECT $source AS source, step, 'ProfilerStep#' || step AS name, start_ns, end_ns, end_ns - start_ns AS dur_ns
-FROM steps ORDER BY start_ns, step
+FROM step_windows ORDER BY start_ns, step
 """
 
 
@@ -417,11 +417,11 @@ class Converted:
         con = self.con
         params = {"base": self.base_ns}
         con.execute("""
-            CREATE OR REPLACE TEMP TABLE steps AS
+            CREATE OR REPLACE TEMP TABLE step_windows AS
             SELECT step_no AS step, min(ts_rel) + $base AS start_ns, max(ts_rel + dur_ns) + $base AS end_ns
             FROM ev WHERE step_no IS NOT NULL AND ts_rel IS NOT NULL GROUP BY step_no
         """, params)
-        lo, hi = con.execute("SELECT min(start_ns), max(end_ns) FROM steps").fetchone()
+        lo, hi = con.execute("SELECT min(start_ns), max(end_ns) FROM step_windows").fetchone()
         self._buckets = (lo, hi, max(1, -(-(hi - lo) // STEP_BUCKETS)) if lo is not None else 1)
         width = self._buckets[2]
         # Per time bucket: the steps overlapping it and the last one to start before it, so that
@@ -431,9 +431,9 @@ class Converted:
             WITH b AS (SELECT range AS b, {lo or 0} + range * {width} AS lo, {lo or 0} + (range + 1) * {width} AS hi
                        FROM range(0, {STEP_BUCKETS if lo is not None else 0})),
             cands AS (
-                SELECT b.b, s.* FROM b JOIN steps s ON s.start_ns < b.hi AND s.end_ns > b.lo
+                SELECT b.b, s.* FROM b JOIN step_windows s ON s.start_ns < b.hi AND s.end_ns > b.lo
                 UNION
-                SELECT b.b, s.* FROM b ASOF JOIN steps s ON b.lo >= s.start_ns)
+                SELECT b.b, s.* FROM b ASOF JOIN step_windows s ON b.lo >= s.start_ns)
             SELECT b, list({{'s': start_ns, 'e': end_ns, 'n': step}} ORDER BY start_ns, step) AS cands
             FROM cands GROUP BY b
         """)
@@ -458,7 +458,7 @@ class Converted:
         pid = con.execute(
             f"SELECT pid FROM ev WHERE pid IS NOT NULL AND kind IN {_sql_set(HOST_KINDS)} "
             "GROUP BY pid ORDER BY count(*) DESC, pid LIMIT 1").fetchone()
-        steps = tuple(s for (s,) in con.execute("SELECT step FROM steps ORDER BY step").fetchall())
+        steps = tuple(s for (s,) in con.execute("SELECT step FROM step_windows ORDER BY step").fetchall())
         return Conversion(count, start, end, device[0] if device else None, pid[0] if pid else None, steps)
 
     def _bucket_of(self, t: str) -> str:

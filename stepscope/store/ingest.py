@@ -28,9 +28,10 @@ from typing import Any, Callable, Iterable
 
 import duckdb
 
+from stepscope import rankstats
 from stepscope.errors import StoreError, StoreWriteError, TraceFormatError, UsageError
 from stepscope.store import dedupe, engine, sessions, trace_metadata
-from stepscope.store.convert import Conversion, Stager, convert
+from stepscope.store.convert import Conversion, SqlPart, Stager, convert
 from stepscope.store.files import select_trace_files
 from stepscope.store.kineto import KinetoTrace, read_trace
 from stepscope.store.constants import INT64_MAX, INT64_MIN, out_of_range
@@ -38,8 +39,9 @@ from stepscope.store.writer import move_part, part_path, run_id, write_partition
 
 RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)(?![0-9])", re.IGNORECASE)
 SOURCE_DIGITS = 16
-PARTS = ("events", "steps", "memory")
-"""The tables a trace's conversion writes before its ``sources`` row commits them."""
+PARTS = ("events", "steps", "memory", *(t.name for t in rankstats.TABLES))
+"""The tables a trace's conversion writes before its ``sources`` row commits them: its events,
+steps and memory, then each rank's answers computed from them (``stepscope.rankstats``)."""
 INTERNAL_ERROR_CHARS = 300
 """An unexpected exception's text is cut to this length in its one line."""
 ON_CONFLICT = ("session", "refuse")
@@ -259,8 +261,9 @@ def convert_file(
         row = _sources_row(trace, source, run, how, done, metadata, tags)
         written = (resolved, source)
         try:
-            for table, part in converted_tables.parts(source).items():
-                write_partition(root, table, rid, resolved, source, part)
+            written_parts = {table: write_partition(root, table, rid, resolved, source, part)
+                             for table, part in converted_tables.parts(source).items()}
+            write_rank_tables(con, root, rid, resolved, source, written_parts)
         except OSError as exc:
             raise StoreWriteError(path, root, exc) from exc
         converted = ConvertedTrace(str(path), rid, run, resolved, how, source, trace.content_sha256, done, row)
@@ -271,6 +274,16 @@ def convert_file(
         shutil.rmtree(work, ignore_errors=True)
         if written is not None:
             _remove_parts(root, rid, *written)
+
+
+def write_rank_tables(con: duckdb.DuckDBPyConnection, root: Path, run: str, rank: int, source: str,
+                      parts: dict[str, Path]) -> None:
+    """Write each per-rank table (``stepscope.rankstats``) of one trace, computed in ``con`` from
+    the trace's parts ``parts`` (events, steps, ...). Ingest and ``stepscope migrate`` call it."""
+    rankstats.trace_views(con, parts, run, rank)
+    for table in rankstats.TABLES:
+        write_partition(root, table.name, run, rank, source,
+                        SqlPart(con, Path(parts["events"]), table.query, {"run": run}))
 
 
 def commit(converted: ConvertedTrace, store: str | Path, *, on_conflict: str = "session") -> IngestedTrace:

@@ -185,6 +185,24 @@ MEMORY_SNAPSHOT = pa.schema(
 )
 
 
+RANK_COPIES = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("step", pa.int64()),
+        pa.field("ts_ns", pa.int64()),
+        pa.field("dur_ns", pa.int64()),
+        pa.field("stream", pa.int64()),
+        pa.field("name", pa.string()),
+        pa.field("bytes", pa.int64()),
+        pa.field("direction", _STR),
+        pa.field("host_memory", _STR),
+        pa.field("hidden_ns", pa.int64()),
+        pa.field("exposed_ns", pa.int64()),
+    ]
+)
+"""Each rank's copies with their hidden time: computed at ingest (``stepscope.rankstats``)."""
+
+
 @dataclass(frozen=True)
 class Table:
     """A stored table: its directory under the store root and its Arrow schema."""
@@ -204,6 +222,7 @@ TABLES: dict[str, Table] = {
         Table("step_times", STEP_TIMES, "one row per training step timed by the collector"),
         Table("memory_roles", MEMORY_ROLES, "storage of parameters, gradients, optimizer state"),
         Table("memory_snapshot", MEMORY_SNAPSHOT, "CUDA caching-allocator snapshot: segments, blocks, alloc/free history"),
+        Table("rank_copies", RANK_COPIES, "one row per copy of a rank, with the time compute hides of it (computed at ingest)"),
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""

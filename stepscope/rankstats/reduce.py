@@ -1,0 +1,42 @@
+"""The per-rank tables, and computing all of them for one trace.
+
+Each :class:`RankTable` is a query over relations named like the store's views (``events``,
+``steps``, with ``run`` and ``rank``) that returns the table's columns (``source`` first, no
+``run``/``rank``: the partition gives them). :func:`trace_views` makes those relations over one
+trace's parts, so the converter writes a trace's tables from the parts it just wrote, and
+``stepscope migrate`` from the parts a store already holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stepscope.rankstats.copies import RANK_COPIES
+
+
+@dataclass(frozen=True)
+class RankTable:
+    """A table of per-rank answers: its name in the store and the query that computes it."""
+
+    name: str
+    query: str
+
+
+TABLES: tuple[RankTable, ...] = (
+    RankTable("rank_copies", RANK_COPIES),
+)
+"""Every per-rank table, in the order they are written."""
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def trace_views(con: Any, parts: dict[str, Path], run: str, rank: int) -> None:
+    """Temporary views ``events``, ``steps`` (and ``memory``) of ``con`` over one trace's part
+    files, with the ``run`` and ``rank`` columns the store's views have."""
+    for table, path in parts.items():
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT *, {_sql_string(run)} AS run, "
+                    f"{int(rank)}::INTEGER AS rank FROM read_parquet({_sql_string(str(path))})")
