@@ -34,7 +34,7 @@ from stepscope.store import dedupe, engine, sessions, trace_metadata
 from stepscope.store.convert import Conversion, SqlPart, Stager, convert
 from stepscope.store.files import select_trace_files
 from stepscope.store.kineto import KinetoTrace, read_trace
-from stepscope.store.constants import INT64_MAX, INT64_MIN, out_of_range
+from stepscope.store.constants import DUCKDB_TYPES, INT64_MAX, INT64_MIN, SOURCES_COLUMNS, out_of_range
 from stepscope.store.writer import move_part, part_path, run_id, write_partition
 
 RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)(?![0-9])", re.IGNORECASE)
@@ -309,7 +309,7 @@ def commit(converted: ConvertedTrace, store: str | Path, *, on_conflict: str = "
                     parts_in = placed.run
                 run_name = c.run_name if placed.run == c.run else placed.run
                 row = {**c.sources_row, "run_name": run_name, "ingested_at": dt.datetime.now(dt.timezone.utc)}
-                write_partition(root, "sources", placed.run, c.rank, c.source, _sources_table(row))
+                write_partition(root, "sources", placed.run, c.rank, c.source, _sources_part(c.path, row))
                 with contextlib.suppress(OSError):  # committed already: a missing index entry
                     # only lets a copy in another file through later, never loses this one
                     dedupe.record_content(root, placed.run, c.content_sha256, c.rank, c.source)
@@ -328,14 +328,11 @@ def commit(converted: ConvertedTrace, store: str | Path, *, on_conflict: str = "
     raise refusal
 
 
-def _sources_table(row: dict[str, Any]) -> Any:
-    """The ``sources`` row as Arrow (imported here, at commit: a conversion runs without pyarrow's
-    ~36 MB, and by now its DuckDB memory is given back)."""
-    import pyarrow as pa
-
-    from stepscope.store import schema
-
-    return pa.Table.from_pylist([row], schema=schema.SOURCES)
+def _sources_part(path: str, row: dict[str, Any]) -> SqlPart:
+    """The ``sources`` row, written by DuckDB with the types of ``SOURCES_COLUMNS`` (the one
+    definition of the table; no pyarrow or pandas in a commit)."""
+    select = ", ".join(f"CAST(${name} AS {DUCKDB_TYPES[kind]}) AS {name}" for name, kind, _ in SOURCES_COLUMNS)
+    return SqlPart(engine.scratch(), Path(path), f"SELECT {select}", {name: row[name] for name, _, _ in SOURCES_COLUMNS})
 
 
 def _refusal(c: ConvertedTrace, placed: sessions.Placement, on_conflict: str) -> TraceFormatError | None:

@@ -19,6 +19,7 @@ from stepscope.store.constants import (  # noqa: F401 - part of this module's in
     INT64_MIN,
     SCHEMA_VERSION,
     SCHEMA_VERSION_KEY,
+    SOURCES_COLUMNS,
     TABLE_KEY,
     file_metadata,
     out_of_range,
@@ -112,33 +113,10 @@ MEMORY = pa.schema(
     ]
 )
 
-SOURCES = pa.schema(
-    [
-        pa.field("source", pa.string(), nullable=False),
-        pa.field("run_name", pa.string(), nullable=False),
-        pa.field("path", pa.string()),
-        pa.field("sha256", pa.string(), nullable=False),
-        pa.field("content_sha256", pa.string()),
-        pa.field("file_bytes", pa.int64()),
-        pa.field("ingested_at", pa.timestamp("us", tz="UTC"), nullable=False),
-        pa.field("rank_from", pa.string(), nullable=False),
-        pa.field("trace_schema_version", pa.string()),
-        pa.field("trace_start_ns", pa.int64()),
-        pa.field("trace_end_ns", pa.int64()),
-        pa.field("event_count", pa.int64()),
-        pa.field("backend", pa.string()),
-        pa.field("world_size", pa.int64()),
-        pa.field("gpu_name", pa.string()),
-        pa.field("gpu_memory_bytes", pa.int64()),
-        pa.field("gpu_sm_count", pa.int64()),
-        pa.field("gpu_count", pa.int64()),
-        pa.field("device_properties", pa.string()),
-        pa.field("distributed_info", pa.string()),
-        pa.field("metadata", pa.string()),
-        pa.field("tags", pa.string()),
-        pa.field("process_id", pa.int64()),
-    ]
-)
+_ARROW_TYPES = {"string": pa.string(), "int64": pa.int64(), "timestamp_utc": pa.timestamp("us", tz="UTC")}
+
+SOURCES = pa.schema([pa.field(name, _ARROW_TYPES[kind], nullable=nullable)
+                     for name, kind, nullable in SOURCES_COLUMNS])
 
 STEP_TIMES = pa.schema(
     [
