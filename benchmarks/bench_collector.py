@@ -1,4 +1,5 @@
-"""Overhead of the collector on the CPU example: no profiler vs bare torch.profiler vs stepscope.
+"""Overhead of the collector on the CPU example: no profiler vs bare torch.profiler vs stepscope,
+and of the watch on a 2-rank gloo job: bare loop vs today's step timer vs the watch.
 
 Why: a profiler people leave on must cost almost nothing. Issue targets, on the CPU example
 (examples/toy_transformer.py, one thread):
@@ -15,12 +16,26 @@ on a shared machine hits all three alike. A session is wait + warmup + active + 
 the same schedule; (b) has no on_trace_ready (the trace is simply dropped: the bare cost), (c)
 stores every trace. A step's time is measured around ``train_step`` and ``prof.step()``.
 
-Run: python benchmarks/bench_collector.py [--rounds N] [--wait W] [--active A] [--after P]
+The watch (``--part watch``), issue target: outside captures, ``stepscope.profile(watch=...)``
+with the all-gather every 50 steps within 1% of the bare loop, on a 2-rank gloo DDP job of the
+same model: mean step time (w) / (a) <= 1.01, wall and CPU time printed. Each rank runs rounds
+of (a) the bare loop, (t) ``stepscope.profile`` without the watch (today: once its window is
+done, only the step timer remains) and (w) with ``watch=Watch(every=50, max_per_hour=0)``, in
+the same shuffled order on both ranks; a session has a lead-in (the scheduled window, its trace
+written and flushed) and then the measured steps. ``max_per_hour=0``: the watch judges every
+step and exchanges every 50 steps as usual but opens no capture, so every measured step is
+"outside captures" (a capture's own cost, and that of writing its trace afterwards, is bounded by
+the budget, not by this target); the anomalies it would have captured are counted. Means, not
+medians, are the target: the all-gather costs one step in fifty, which a median would hide.
+
+Run: python benchmarks/bench_collector.py [--part profiler|watch|all] [--rounds N] [--wait W]
+     [--active A] [--after P] [--watch-rounds N] [--watch-steps S] [--every E]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -44,6 +59,10 @@ from toy_transformer import ToyConfig, build, synthetic_batch, train_step  # noq
 WARMUP_STEPS = 30
 ACTIVE_TARGET = 1.03
 OUTSIDE_TARGET = 1.01
+WATCH_TARGET = 1.01
+WATCH_LEAD_IN = 20
+"""Steps before the measured ones in a watch session: the scheduled window (steps 1-2) and its
+trace, flushed at the end of the lead-in so that conversion does not run under the measure."""
 
 
 class NoProfiler:
@@ -99,17 +118,8 @@ def p10(values: list[float]) -> float:
     return statistics.quantiles(values, n=10)[0]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--wait", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--active", type=int, default=3)
-    parser.add_argument("--after", type=int, default=10,
-                        help="steps after the active window (where traces are written)")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-
+def profiler_benchmark(args: argparse.Namespace) -> None:
+    """(a) no profiler, (b) bare torch.profiler, (c) stepscope.profile, in one process."""
     torch.set_num_threads(1)
     cfg = ToyConfig()
     model, optimizer = build(cfg)
@@ -182,6 +192,170 @@ def main() -> None:
     print(f"prof.step() itself outside the window, median: stepscope {hooks_c * 1e6:.1f} us, "
           f"torch.profiler {hooks_b * 1e6:.1f} us; stepscope's is "
           f"{hooks_c / statistics.median(pick('a', outside)):.4%} of a step of (a)")
+
+
+# ---- the watch on a 2-rank gloo job ---------------------------------------------------------
+
+WATCH_MODES = {"a": "(a) bare loop", "t": "(t) step timer (today)", "w": "(w) watch"}
+
+
+def watch_session(mode: str, steps: int, every: int, store: Path, name: str, model: Any,
+                  optimizer: Any, cfg: ToyConfig, data: torch.Generator) -> dict[str, Any]:
+    """One session on one rank: ``WATCH_LEAD_IN`` steps, then ``steps`` measured ones.
+
+    Returns per measured step ``wall`` and ``cpu`` (seconds, around ``train_step`` and
+    ``prof.step()``), ``hook`` and ``hook_cpu`` (wall and CPU time in ``prof.step()`` alone),
+    which measured steps ended with the watch's exchange, and the anomalies the watch found.
+    """
+    manager: AbstractContextManager[Any]
+    if mode == "a":
+        manager = nullcontext(NoProfiler())
+    else:
+        watch = stepscope.Watch(every=every, max_per_hour=0) if mode == "w" else None
+        manager = stepscope.profile(store=store, run=name, wait=1, warmup=1, active=1,
+                                    repeat=1, watch=watch, strict=True)
+    series: dict[str, list[float]] = {"wall": [], "cpu": [], "hook": [], "hook_cpu": []}
+    with manager as prof:
+        for step in range(WATCH_LEAD_IN + steps):
+            if step == WATCH_LEAD_IN and mode != "a":
+                prof.handler.flush()
+            batch = synthetic_batch(cfg, data)
+            start, cpu_start = time.perf_counter(), time.thread_time()
+            train_step(model, optimizer, batch)
+            hook, hook_cpu = time.perf_counter(), time.thread_time()
+            prof.step()
+            end, cpu_end = time.perf_counter(), time.thread_time()
+            if step >= WATCH_LEAD_IN:
+                series["wall"].append(end - start)
+                series["cpu"].append(cpu_end - cpu_start)
+                series["hook"].append(end - hook)
+                series["hook_cpu"].append(cpu_end - hook_cpu)
+    watcher = getattr(prof, "watcher", None)
+    if watcher is not None and watcher.captures:
+        raise RuntimeError("the watch captured with max_per_hour=0")
+    return {**series, "anomalies": watcher.anomalies if watcher is not None else 0,
+            "exchange": ([i for i in range(steps) if (i + WATCH_LEAD_IN + 1) % every == 0]
+                         if mode == "w" else [])}
+
+
+def watch_rank(rank: int, world_size: int, port: int, args: argparse.Namespace, results: Any) -> None:
+    """One rank of the watch benchmark (``spawn`` target): DDP over gloo, the same shuffled
+    order of sessions as every other rank."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    cfg = ToyConfig()
+    model, optimizer = build(cfg)
+    ddp = DistributedDataParallel(model)
+    data = torch.Generator().manual_seed(rank)
+    rng = random.Random(args.seed)
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in WATCH_MODES}
+    with tempfile.TemporaryDirectory(prefix="bench-watch-") as tmp:
+        for index in range(-1, args.watch_rounds):  # round -1 warms the process up
+            modes = list(WATCH_MODES)
+            rng.shuffle(modes)
+            for mode in modes:
+                done = watch_session(mode, args.watch_steps, args.every, Path(tmp) / "store",
+                                     f"bench-{mode}-{index + 1}", ddp, optimizer, cfg, data)
+                if index >= 0:
+                    runs[mode].append(done)
+    results.put((rank, runs))
+    dist.destroy_process_group()
+
+
+def watch_benchmark(args: argparse.Namespace) -> None:
+    """(a) bare loop, (t) step timer, (w) watch on a 2-rank gloo job, in one run."""
+    import torch.multiprocessing as mp
+    from train_ddp_cpu import free_port
+
+    port = free_port()
+    context = mp.get_context("spawn")
+    results = context.SimpleQueue()
+    ranks = mp.spawn(watch_rank, args=(2, port, args, results), nprocs=2, join=False)
+    # Read before joining: a rank's report is larger than a pipe's buffer, so it waits for us.
+    per_rank = dict(results.get() for _ in range(2))
+    while not ranks.join():
+        pass
+
+    def pick(mode: str, measure: str) -> list[float]:
+        return [v for runs in per_rank.values() for run in runs[mode] for v in run[measure]]
+
+    steps = args.watch_rounds * args.watch_steps
+    print(f"watch: 2 ranks, gloo DDP, toy transformer, 1 thread per rank; {args.watch_rounds} "
+          f"rounds x {args.watch_steps} measured steps per mode and rank ({steps} per rank), "
+          f"all-gather every {args.every} steps\n")
+    print(f"{'step time (ms)':<26} {'mean wall':>10} {'median wall':>12} {'mean CPU':>10} "
+          f"{'median CPU':>11}")
+    for mode, label in WATCH_MODES.items():
+        wall, cpu = pick(mode, "wall"), pick(mode, "cpu")
+        print(f"{label:<26} {statistics.fmean(wall) * 1e3:10.3f} {statistics.median(wall) * 1e3:12.3f} "
+              f"{statistics.fmean(cpu) * 1e3:10.3f} {statistics.median(cpu) * 1e3:11.3f}")
+    print()
+    for title, measure in (("mean wall time (the target)", "wall"), ("mean CPU time of the "
+                           "training thread", "cpu")):
+        print(f"ratios of {title}")
+        target = WATCH_TARGET if measure == "wall" else None
+        print(ratio_line("(w)/(a) watch vs bare loop", pick("w", measure), pick("a", measure),
+                         target, statistics.fmean))
+        print(ratio_line("(w)/(t) watch vs step timer", pick("w", measure), pick("t", measure),
+                         None, statistics.fmean))
+        print(ratio_line("(t)/(a) step timer vs bare loop", pick("t", measure), pick("a", measure),
+                         None, statistics.fmean))
+        print()
+    print("ratios of median wall time (robust to the shared machine, blind to the exchange)")
+    print(ratio_line("(w)/(a)", pick("w", "wall"), pick("a", "wall"), None))
+    print(ratio_line("(w)/(t)", pick("w", "wall"), pick("t", "wall"), None))
+    # The watch's own cost, measured where it is spent (robust to a loaded machine): CPU time in
+    # prof.step() on ordinary steps, and the wall time of the steps that end in the all-gather.
+    exchange_steps = {(rank, n, i) for rank, runs in per_rank.items()
+                      for n, run in enumerate(runs["w"]) for i in run["exchange"]}
+
+    def hook_values(mode: str, measure: str, exchange: bool) -> list[float]:
+        return [v for rank, runs in per_rank.items() for n, run in enumerate(runs[mode])
+                for i, v in enumerate(run[measure]) if ((rank, n, i) in exchange_steps) == exchange]
+
+    bare = statistics.fmean(pick("a", "wall"))
+    bare_cpu = statistics.fmean(pick("a", "cpu"))
+    hook_cpu = {m: statistics.fmean(hook_values(m, "hook_cpu", False)) for m in WATCH_MODES}
+    gather = hook_values("w", "hook", True)
+    ordinary = statistics.median(hook_values("w", "hook", False))
+    gather_cost = (statistics.fmean(gather) - ordinary) / args.every
+    print(f"\nprof.step() itself, mean CPU per ordinary step: step timer {hook_cpu['t'] * 1e6:.1f} us, "
+          f"watch {hook_cpu['w'] * 1e6:.1f} us ({(hook_cpu['w'] - hook_cpu['a']) / bare_cpu:.3%} of "
+          f"a bare step's CPU); a step ending in the all-gather: {statistics.fmean(gather) * 1e3:.2f} "
+          f"ms mean, {statistics.median(gather) * 1e3:.2f} ms median ({len(gather)} exchanges), "
+          f"i.e. {gather_cost * 1e6:.0f} us per step ({gather_cost / bare:.3%} of a bare step; in a "
+          f"synchronous job part of it is the wait for the slower rank, which the next all-reduce "
+          f"would pay otherwise)")
+    anomalies = sum(run["anomalies"] for run in per_rank[0]["w"])
+    print(f"anomalies the watch agreed on (not captured: max_per_hour=0): {anomalies}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("profiler", "watch", "all"), default="all")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--wait", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--active", type=int, default=3)
+    parser.add_argument("--after", type=int, default=10,
+                        help="steps after the active window (where traces are written)")
+    parser.add_argument("--watch-rounds", type=int, default=4)
+    parser.add_argument("--watch-steps", type=int, default=200,
+                        help="measured steps per watch session")
+    parser.add_argument("--every", type=int, default=50, help="the watch's all-gather period")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.part in ("profiler", "all"):
+        profiler_benchmark(args)
+    if args.part in ("watch", "all"):
+        if args.part == "all":
+            print("\n")
+        watch_benchmark(args)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ _LAZY = {
     "Store": "stepscope.store.catalog",
     "profile": "stepscope.collector",
     "trace_handler": "stepscope.collector",
+    "Watch": "stepscope.collector",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -105,3 +106,17 @@ def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
         assert text == path.read_text(encoding="utf-8"), f"{name} differs from its golden file"
 
     return check
+
+
+@pytest.fixture(autouse=True)
+def _keep_main_module() -> Iterator[None]:
+    """Put ``sys.modules["__main__"]`` back after every test.
+
+    Streamlit's AppTest installs a fake ``__main__`` for the page it runs and leaves it there;
+    ``mp.spawn`` and ``multiprocessing`` children started by a later test then fail to import
+    their entry point, so the suite would pass or fail depending on test order.
+    """
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None:
+        sys.modules["__main__"] = main

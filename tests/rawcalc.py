@@ -89,3 +89,27 @@ def gpu_steps(doc: dict[str, Any]) -> dict[int, int]:
             if step is not None:
                 out[e["args"]["correlation"]] = step
     return out
+
+
+def step_windows(doc: dict[str, Any]) -> dict[int, tuple[int, int]]:
+    """Step -> [w0, w1) by the TensorBoard plugin's rule (docs/ANALYSIS.md, "Step windows"):
+    GPU work belongs to the step holding its launch, a window ends when the CPU and the step's
+    GPU work are done, and starts no earlier than the previous one ended."""
+    steps = profiler_steps(doc)
+    launch = {e["args"]["correlation"]: span_ns(doc, e)[0] for e in doc["traceEvents"]
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    gpu_end: dict[int, int] = {}
+    for e in doc["traceEvents"]:
+        if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset") or e.get("dur", 0) <= 0:
+            continue
+        start, end = span_ns(doc, e)
+        t = launch.get(e.get("args", {}).get("correlation"), start)
+        step = next((s for s, a, b in steps if a <= t < b), None)
+        if step is not None:
+            gpu_end[step] = max(gpu_end.get(step, end), end)
+    out, prev = {}, None
+    for step, a, b in steps:
+        w0 = a if prev is None else max(a, prev)
+        w1 = max(b, gpu_end.get(step, b), w0)
+        out[step], prev = (w0, w1), w1
+    return out

@@ -131,7 +131,8 @@ def test_pageable_rule_fires_on_pageable_h2d(ingested, shared_traces: Path) -> N
     assert len(found) == 1
     assert found[0].evidence["bytes"] == total_bytes == 2312140804
     assert found[0].evidence["bandwidth_gbps"] == pytest.approx(total_bytes / total_ns)
-    assert found[0].message.startswith("H2D copies from pageable memory on rank 0: 2.31 GB at 3.7 GB/s")
+    assert found[0].message.startswith("rank 0: H2D copies from pageable memory: 2.31 GB at 3.7 GB/s")
+    assert found[0].time_at_stake_ns is None  # no steps in this trace: no time per step
 
 
 @pytest.mark.parametrize("relative", [CONTROL, NEGQ])
@@ -171,7 +172,10 @@ def test_exposed_rule_fires_on_exposed_device_copies(ingested, shared_traces: Pa
     assert [f.evidence["direction"] for f in found] == ["d2d"]
     assert found[0].evidence["exposed_ns"] == exposed
     assert found[0].evidence["exposed_pct_of_steps"] == pytest.approx(100 * exposed / steps_ns)
-    assert found[0].message.startswith("D2D copies exposed 12% of step time on rank 1 (27.92 GB")
+    steps = len(profiler_steps(doc))
+    assert found[0].time_at_stake_ns == round(exposed / steps)
+    assert found[0].message.startswith(f"rank 1: D2D copies exposed for {exposed / steps / 1e6:.1f} ms per step "
+                                       "(12% of the step; 27.92 GB")
 
 
 def test_exposed_rule_quiet_when_copies_are_small_or_hidden(ingested) -> None:

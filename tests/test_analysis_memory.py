@@ -173,8 +173,10 @@ def test_near_capacity_rule_fires_on_a_smaller_device(dfi, tmp_path) -> None:
     assert len(found) == 1
     assert found[0].evidence["peak_reserved_pct"] == pytest.approx(100 * reserved / 13.5e9)
     assert found[0].evidence["peak_allocated_pct"] == pytest.approx(100 * allocated / 13.5e9)
-    assert found[0].message == (f"memory peak {100 * allocated / 13.5e9:.0f}% of device capacity allocated, "
-                                f"{100 * reserved / 13.5e9:.0f}% reserved in backward (rank 1, GPU 1 step 2)")
+    assert found[0].message == (f"rank 1: memory peaks at {100 * allocated / 13.5e9:.0f}% of device capacity "
+                                f"allocated, {100 * reserved / 13.5e9:.0f}% reserved in backward (worst: rank 1, "
+                                f"GPU 1 step 2, {allocated / 1024**3:.2f} of {13.5e9 / 1024**3:.2f} GiB)")
+    assert found[0].ranks == (1,) and found[0].time_at_stake_ns is None
 
 
 @pytest.fixture(scope="module")

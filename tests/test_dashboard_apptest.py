@@ -17,6 +17,8 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
+from stepscope.analysis.summary import build_summary  # noqa: E402
+from stepscope.render.units import duration  # noqa: E402
 from stepscope.store import open_store  # noqa: E402
 from stepscope.store.ingest import ingest_paths  # noqa: E402
 from tests._dashboard_stores import build_sample_store  # noqa: E402
@@ -125,11 +127,18 @@ def test_overview_shows_the_step_breakdown(shared_store: Path, monkeypatch: pyte
     assert list(shown["step"]) == list(expected["step"])
     for part in ("compute", "comm_exposed", "memcpy_d2d_exposed", "idle", "dur"):
         assert list(shown[f"{part}_ms"]) == list(expected[f"{part}_ns"] / 1e6)
-    busy = next(m for m in at.metric if m.label == "GPU busy (ms)")
-    assert busy.value == f"{totals['gpu_busy_ns'] / 1e6:,.2f}"
-    assert len(at.get("vega_lite_chart")) >= 2
+    assert table_with(at, "gpu_busy_ms")["gpu_busy_ms"].iloc[0] == totals["gpu_busy_ns"] / 1e6
+    assert len(at.get("vega_lite_chart")) >= 3  # the step timeline and the two breakdown charts
+    # the verdict first: what bounds the step, as the summary's verdict says
+    with open_store(shared_store) as store:
+        verdict = build_summary(store, "dfir")["verdict"]
+    assert [m.label for m in at.metric] == [f"{b['label']} ({100 * b['share']:.1f}%)" for b in verdict["bound_by"]]
+    assert [m.value for m in at.metric] == [duration(b["ns"]) for b in verdict["bound_by"]]
+    assert f"Median step {duration(verdict['step_ns'])}" in at.markdown[0].value
     messages = [e.label for e in at.expander]
-    assert any("all_reduce in backward exposed" in m for m in messages)  # the comm.exposed finding
+    assert any("communication transfers exposed" in m and "mostly all_reduce in backward" in m for m in messages)
+    first = next(m for m in messages if "·" in m)
+    assert first.startswith(f"**{duration(verdict['findings'][0]['time_at_stake_ns'])}/step")
 
 
 @pytest.mark.shared
@@ -166,7 +175,8 @@ def test_communication_counts_collectives(shared_store: Path, shared_traces: Pat
     with open_store(shared_store) as store:
         skew = arrival_skew(store, "sampled").to_pandas()
     heatmap = next(c for c in at.get("vega_lite_chart") if '"mark":{"type":"rect"' in c.proto.spec.replace(" ", ""))
-    assert heatmap is not None and len(skew) == 2  # one cell per rank x collective
+    # one cell per rank x collective: the all-gathers and all-reduces matched on both ranks
+    assert heatmap is not None and len(skew) == 4 and set(skew["collective"]) == {"all_gather", "all_reduce"}
     shown_skew = table_with(at, "mean_late_ms", "max_late_ms")
     assert list(shown_skew["mean_late_ms"]) == list(skew["mean_late_ns"] / 1e6)
 
@@ -344,3 +354,42 @@ def test_overview_plots_every_timed_step(tmp_path: Path, monkeypatch: pytest.Mon
     shown = table_with(at, "step", "wall_ms", "profiled")
     assert sorted(shown["step"]) == list(range(12))
     assert sorted(shown["wall_ms"]) == [50.0 + s for s in range(12)]
+
+
+def test_runs_page_lists_captures_next_to_the_schedule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run with a scheduled window (steps 3-4) and a capture (steps 51-53) on both ranks: the
+    Runs page lists both, the capture with the trigger its ``captures`` rows hold."""
+    import pyarrow as pa
+
+    from stepscope.store.schema import CAPTURES
+    from stepscope.store.writer import write_partition
+    from tests.conftest import write_trace
+
+    def trace(path: Path, rank: int, steps: range) -> Path:
+        events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "ts": 1000 * s,
+                   "dur": 900, "pid": 1, "tid": 1} for s in steps]
+        events += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1000 * s + 10, "dur": 500,
+                    "pid": 1, "tid": 1} for s in steps]
+        return write_trace(path, events, distributedInfo={"rank": rank, "world_size": 2, "backend": "gloo"})
+
+    root = tmp_path / "store"
+    for folder, steps in (("schedule", range(3, 5)), ("capture", range(51, 54))):
+        files = [trace(tmp_path / folder / f"rank{r}.json", r, steps) for r in (0, 1)]
+        report = ingest_paths(files, root, "watched")
+        assert report.ok, report.errors
+        if folder == "capture":
+            for stored in report.stored:
+                row = {"source": stored.source, "first_step": 51, "last_step": 53, "trigger_kind": "slow_step",
+                       "trigger_rank": 1, "trigger_step": 40, "observed_ns": 187_500_000,
+                       "reference_ns": 37_500_000, "agreed_step": 49}
+                write_partition(root, "captures", "watched", stored.rank, stored.source,
+                                pa.Table.from_pylist([row], schema=CAPTURES))
+    at = open_page(root, "runs", monkeypatch)
+    assert_clean(at)
+    shown = table_with(at, "kind", "first_step", "trigger_rank").to_dict("records")
+    assert [(r["kind"], r["first_step"], r["last_step"], r["ranks"]) for r in shown] == [
+        ("schedule", 3, 4, 2), ("capture", 51, 53, 2)]
+    capture = shown[1]
+    assert (capture["trigger_kind"], capture["trigger_rank"], capture["trigger_step"]) == ("slow_step", 1, 40)
+    assert (capture["observed_ms"], capture["reference_ms"], capture["slow_ratio"]) == (187.5, 37.5, 5.0)
+    assert capture["latency_steps"] == 11

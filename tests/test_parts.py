@@ -37,7 +37,10 @@ def _part(name: str, *claims: str, **kw: Any) -> Part:
 def test_catalogue_is_ordered_and_complete() -> None:
     assert [p.name for p in GPU.parts] == ["compute", "comm_exposed", "memcpy_h2d_exposed", "memcpy_d2h_exposed",
                                            "memcpy_d2d_exposed", "memcpy_other_exposed", "memset_exposed", "idle"]
-    assert [p.name for p in HOST.parts] == ["data_loading", "optimizer", "compute_ops", "communication_ops", "other"]
+    assert [p.name for p in HOST.parts] == ["data_loading", "optimizer", "sync_wait", "compute_ops", "communication_ops",
+                                            "other"]
+    assert [p.name for p in parts.COMM_EXPOSED.sub_parts] == ["comm_wait", "comm_transfer"]
+    assert [p.name for p in parts.COMMUNICATION_OPS.sub_parts] == ["communication_wait", "communication_transfer"]
     for breakdown in BREAKDOWNS:
         entries = list(breakdown.entries())
         assert len({e.column for e in entries}) == len(entries)
@@ -45,8 +48,9 @@ def test_catalogue_is_ordered_and_complete() -> None:
         assert all(re.fullmatch(r"#[0-9A-F]{6}", p.color) for p in breakdown.with_sub_parts())
         assert all(p.definition and p.label for p in entries)
     # The budget metric names are a contract (docs/COMPARE_JSON.md, users' stepscope.toml).
-    assert list(GPU.budget_metrics()) == ["compute", "comm_exposed", "memcpy_h2d_exposed", "memcpy_d2h_exposed",
-                                          "memcpy_d2d_exposed", "memcpy_other_exposed", "memset_exposed", "idle"]
+    assert list(GPU.budget_metrics()) == ["compute", "comm_exposed", "comm_wait", "comm_transfer", "memcpy_h2d_exposed",
+                                          "memcpy_d2h_exposed", "memcpy_d2d_exposed", "memcpy_other_exposed",
+                                          "memset_exposed", "idle"]
 
 
 def test_catalogue_refuses_malformed_breakdowns() -> None:
@@ -110,13 +114,12 @@ def test_every_gpu_category_the_store_writes_has_exactly_its_class() -> None:
 
 
 def test_every_split_part_has_its_split_rule() -> None:
-    """A GPU part with sub-parts needs the SQL that splits it (breakdown.SPLITS); the host
-    breakdown splits nothing yet, so a host sub-part would never be computed."""
+    """A part with sub-parts needs the SQL that splits it (breakdown.SPLITS), on the GPU and on
+    the host alike."""
     from stepscope.analysis.breakdown import _IDLE_CAUSE_RULES, SPLITS
 
-    assert {p for p in GPU.parts if p.sub_parts} == set(SPLITS)
+    assert {p for b in BREAKDOWNS for p in b.parts if p.sub_parts} == set(SPLITS)
     assert set(_IDLE_CAUSE_RULES) == set(parts.IDLE.sub_parts)
-    assert not any(p.sub_parts for p in HOST.parts), "host_breakdown has no split of a host part yet"
 
 
 # ---- every consumer follows the catalogue ---------------------------------------------------
@@ -174,8 +177,10 @@ def test_summary_keys_and_terminal_columns_follow_the_catalogue(tiny_store: Any)
     step = doc["ranks"][0]["steps"][0]
     assert [k for k in step if k.endswith("_ns") and k not in ("dur_ns", "start_ns", "end_ns", "cpu_dur_ns")] == list(
         GPU.all_columns)
-    assert list(step["host"]) == [*HOST.all_columns, "dur_ns"]
-    text = render_table(doc)
+    # one rank: no peer to match, so the waiting/transfer splits are absent (with their reasons)
+    assert [k for k in step["host"] if k != "absent_reasons"] == [*HOST.all_columns, "dur_ns"]
+    assert set(step["absent_reasons"]) == {p.column for p in parts.COMM_EXPOSED.sub_parts}
+    text = render_table(doc, sections=("ranks",))
     gpu_header = next(line for line in text.splitlines() if line.startswith("step") and "dur ms" in line)
     headers = [e.short for e in (*GPU.with_sub_parts(), *GPU.hidden) if e.short]
     assert re.split(r"\s{2,}", gpu_header) == ["step", "dur ms", *headers]
@@ -202,7 +207,8 @@ def test_compare_metrics_and_budgets_follow_the_catalogue() -> None:
 
 def test_dashboard_charts_use_the_catalogue_labels_and_colours(monkeypatch: pytest.MonkeyPatch,
                                                               tiny_store: Any) -> None:
-    """The Overview's stacked bars: legend domain and colours are the catalogue's, in its order."""
+    """The Overview's stacked bars: legend domain and colours are the catalogue's finest parts
+    (sub-parts where a part has them: waiting vs transfer, idle causes), in its order."""
     pytest.importorskip("streamlit")
     import json
     import sys
@@ -222,7 +228,7 @@ def test_dashboard_charts_use_the_catalogue_labels_and_colours(monkeypatch: pyte
         if "domain" in scale:
             scales.append((scale["domain"], scale["range"]))
     for breakdown in (GPU, HOST):
-        expected = ([p.label for p in breakdown.parts], [p.color for p in breakdown.parts])
+        expected = ([p.label for p in breakdown.leaves()], [p.color for p in breakdown.leaves()])
         assert expected in scales, (breakdown.name, scales)
 
 

@@ -17,3 +17,8 @@ def rank_filter(ranks: Sequence[int] | None, column: str = "rank") -> tuple[str,
     if ranks is None:
         return "TRUE", {}
     return f"list_contains($ranks::INTEGER[], {column})", {"ranks": [int(r) for r in ranks]}
+
+
+def sql_list(values: Sequence[str]) -> str:
+    """``('a', 'b')``: a SQL list literal of names the code itself defines (never user input)."""
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"

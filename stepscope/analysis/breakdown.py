@@ -19,11 +19,13 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
-from stepscope.analysis._sql import rank_filter, sweep_ctes
+from stepscope.analysis._sql import rank_filter, sql_list, sweep_ctes
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.absent import NO_COMMUNICATION, NO_GPU_EVENTS, NO_STEPS, Absent, Maybe, missing_rank
+from stepscope.analysis.matching import collective_ctes, ranks_with_collectives
 from stepscope.analysis.parts import (
     COMM_EXPOSED,
+    COMMUNICATION_OPS,
     COMPUTE,
     GPU,
     HOST,
@@ -31,6 +33,7 @@ from stepscope.analysis.parts import (
     IDLE_HOST_WAIT,
     IDLE_KERNEL_WAIT,
     IDLE_OTHER,
+    PEER_WAITS,
     Breakdown,
     Hidden,
     Part,
@@ -38,11 +41,7 @@ from stepscope.analysis.parts import (
 from stepscope.analysis.sections import SQLStore
 
 
-def _sql_list(values: Sequence[str]) -> str:
-    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
-
-
-GPU_KINDS_SQL = _sql_list(GPU.kinds)
+GPU_KINDS_SQL = sql_list(GPU.kinds)
 
 KERNEL_WAIT_NS = 30_000
 """HTA's ``consecutive_kernel_delay`` default (30 us): shorter gaps are launch latency."""
@@ -262,11 +261,119 @@ def _idle_split() -> str:
     )"""
 
 
-SPLITS: dict[Part, Callable[[], str]] = {IDLE: _idle_split}
-"""GPU part -> the CTEs that split it into its sub-parts after the sweep. They may read ``gpu``,
-``win``, ``seg`` and ``events`` and end in ``_split_<part name>(rank, step, <sub-part
-columns>)``; :func:`step_breakdown` joins that into its result (a part of
-:data:`stepscope.analysis.parts.GPU` with sub-parts and no entry here is a ``KeyError``)."""
+def _no_wait_split(part: Part) -> str:
+    """The split when no collective can be matched (fewer than two ranks with collectives): no
+    wait is known, all of the part is the rest."""
+    wait, transfer = part.sub_parts
+    return f"""
+    _split_{part.name} AS (
+        SELECT rank, step, 0::BIGINT AS {wait.column}, {_ns(part.column, transfer.column)} FROM _parts
+    )"""
+
+
+def _wait_split(breakdown: Breakdown, part: Part, *, host_side: bool) -> Callable[[], str]:
+    """The split of an exposed-communication part into waiting for peers and the rest.
+
+    CTEs ending in ``_split_<part>(rank, step, <wait column>, <transfer column>)``: every
+    collective member's wait ``[ts, ts + wait_ns)`` (:mod:`stepscope.analysis.matching`, over
+    all ranks of the run: its peers may not be among the ranks asked for), merged per rank,
+    clipped to the segments of the sweep that belong to ``part`` (wait under compute is not
+    exposed); the transfer is the part's time minus that, so the two sum to it exactly.
+    ``host_side`` picks gloo's host-side transfers (host breakdown) or kernels (GPU).
+    """
+    wait, transfer = part.sub_parts
+
+    def ctes() -> str:
+        return f"""
+    {collective_ctes()},
+    _wait_iv AS (
+        SELECT rank, ts_ns AS t0, ts_ns + wait_ns AS t1 FROM coll
+        WHERE {"" if host_side else "NOT "}host_side AND wait_ns > 0 AND rank IN (SELECT rank FROM win)
+    ),
+    _wait_prev AS (
+        SELECT *, max(t1) OVER (PARTITION BY rank ORDER BY t0, t1 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                  AS prev_end
+        FROM _wait_iv
+    ),
+    _wait_islands AS (
+        SELECT rank, min(t0) AS t0, max(t1) AS t1
+        FROM (SELECT *, sum(CASE WHEN prev_end IS NULL OR t0 > prev_end THEN 1 ELSE 0 END)
+                          OVER (PARTITION BY rank ORDER BY t0, t1 ROWS UNBOUNDED PRECEDING) AS island
+              FROM _wait_prev)
+        GROUP BY rank, island
+    ),
+    _wait_len AS (
+        SELECT s.rank, s.step, sum(least(s.s1, w.t1) - greatest(s.s0, w.t0)) AS len
+        FROM seg s JOIN _wait_islands w ON s.rank = w.rank AND s.s0 < w.t1 AND s.s1 > w.t0
+        WHERE {_exclusive(breakdown, part)}
+        GROUP BY s.rank, s.step
+    ),
+    _split_{part.name} AS (
+        SELECT p.rank, p.step, {_ns("w.len", wait.column)},
+               {_ns(f"p.{part.column} - coalesce(w.len, 0)", transfer.column)}
+        FROM _parts p LEFT JOIN _wait_len w USING (rank, step)
+    )"""
+
+    return ctes
+
+
+SPLITS: dict[Part, Callable[[], str]] = {
+    IDLE: _idle_split,
+    COMM_EXPOSED: _wait_split(GPU, COMM_EXPOSED, host_side=False),
+    COMMUNICATION_OPS: _wait_split(HOST, COMMUNICATION_OPS, host_side=True),
+}
+"""Part -> the CTEs that split it into its sub-parts after the sweep. They may read ``win``,
+``seg``, ``_parts`` (the parts' sums per rank and step), ``events`` and, for GPU parts, ``gpu``,
+and end in ``_split_<part name>(rank, step, <sub-part columns>)``; :func:`step_breakdown` and
+:func:`host_breakdown` join that into their result (a part with sub-parts and no entry here is a
+``KeyError``)."""
+
+
+def _split_sql(breakdown: Breakdown, matched: bool = True) -> tuple[str, list[str], str]:
+    """For a breakdown's parts with sub-parts: the split CTEs (each preceded by a comma, to follow
+    ``_parts``), the sub-part columns to select, and the joins that bring them in. ``matched``
+    False: no collective can be matched in the run, so the waits' splits are the trivial one."""
+    split = [p for p in breakdown.parts if p.sub_parts]
+    ctes = "".join("," + (SPLITS[p]() if matched or not any(s in PEER_WAITS for s in p.sub_parts)
+                          else _no_wait_split(p)) for p in split)
+    columns = [f"coalesce(_split_{p.name}.{c.column}, 0)::BIGINT AS {c.column}" for p in split for c in p.sub_parts]
+    joins = " ".join(f"LEFT JOIN _split_{p.name} USING (rank, step)" for p in split)
+    return ctes, columns, joins
+
+
+def _iv_ctes(breakdown: Breakdown, rf: str) -> str:
+    """The sweep's intervals ``iv(rank, t0, t1, cls)`` of a breakdown (and, for the GPU, ``gpu``)."""
+    if breakdown is GPU:
+        return f"{gpu_cte(rf)}, iv AS (SELECT rank, t0, t1, cls FROM gpu)"
+    claimed = " OR ".join(f"({claim})" for claim in breakdown.classes)
+    return f"""
+    iv AS (
+        SELECT rank, ts_ns AS t0, ts_ns + dur_ns AS t1, {_class_case(breakdown, otherwise="NULL")} AS cls
+        FROM events
+        WHERE run = $run AND {rf} AND dur_ns > 0 AND kind IN {sql_list(breakdown.kinds)} AND ({claimed})
+    )"""
+
+
+def _parts_query(breakdown: Breakdown, rf: str, win: str, select: str, where: str = "TRUE",
+                 matched: bool = True) -> str:
+    """The breakdown of every window of ``win`` (CTEs defining ``win(rank, step, w0, w1, ...)``,
+    disjoint per rank; they may read ``gpu``): ``SELECT <select>, <every column of the
+    breakdown> FROM win w ... WHERE <where>``. One generator for the step breakdowns and for
+    arbitrary windows (:func:`parts_over`), so both split time by the same rules."""
+    split_ctes, split_columns, split_joins = _split_sql(breakdown, matched)
+    names = [e.column for e in (*breakdown.parts, *breakdown.hidden)]
+    columns = [*(f"coalesce(p.{c}, 0)::BIGINT AS {c}" for c in names), *split_columns]
+    return f"""
+    WITH {_iv_ctes(breakdown, rf)},
+    {win},
+    {sweep_ctes(len(breakdown.classes))},
+    _parts AS (SELECT rank, step, {", ".join(_part_sums(breakdown))} FROM seg GROUP BY rank, step){split_ctes}
+    SELECT {select}, {", ".join(columns)}
+    FROM win w LEFT JOIN _parts p USING (rank, step)
+    {split_joins}
+    WHERE {where}
+    ORDER BY w.rank, w.step
+    """
 
 
 @cached_frame("step_breakdown")
@@ -276,30 +383,17 @@ def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
     Columns: ``run, rank, step, start_ns, end_ns, dur_ns`` (the step window), ``cpu_start_ns,
     cpu_dur_ns`` (the ProfilerStep CPU window), then ``GPU.all_columns`` of
     :mod:`stepscope.analysis.parts`: the parts (summing to ``dur_ns``), the hidden parts
-    (communication under compute, copies under compute or communication) and the sub-parts of
-    idle (HTA's idle causes, summing to the idle part).
+    (communication under compute, copies under compute or communication) and the sub-parts
+    (exposed communication: waiting for peers and transfer; idle: HTA's idle causes), summing
+    to their part.
     Ranks without GPU events or steps have no rows; :class:`Absent` when no rank has any.
     """
     rf, extra = rank_filter(ranks)
-    sums = _part_sums(GPU)
-    names = [e.column for e in (*GPU.parts, *GPU.hidden)]
-    split = [p for p in GPU.parts if p.sub_parts]
-    columns = [*(f"coalesce(p.{c}, 0)::BIGINT AS {c}" for c in names),
-               *(f"coalesce(_split_{p.name}.{c.column}, 0)::BIGINT AS {c.column}" for p in split for c in p.sub_parts)]
-    query = f"""
-    WITH {gpu_cte(rf)},
-    {window_ctes(rf)},
-    iv AS (SELECT rank, t0, t1, cls FROM gpu),
-    {sweep_ctes(len(GPU.classes))},
-    {"".join(SPLITS[p]() + "," for p in split)}
-    _parts AS (SELECT rank, step, {", ".join(sums)} FROM seg GROUP BY rank, step)
-    SELECT $run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns,
-           w.cpu_start AS cpu_start_ns, w.cpu_end - w.cpu_start AS cpu_dur_ns, {", ".join(columns)}
-    FROM win w LEFT JOIN _parts p USING (rank, step)
-    {" ".join(f"LEFT JOIN _split_{p.name} USING (rank, step)" for p in split)}
-    WHERE w.rank IN (SELECT DISTINCT rank FROM gpu)
-    ORDER BY w.rank, w.step
-    """
+    query = _parts_query(
+        GPU, rf, window_ctes(rf),
+        "$run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns, "
+        "w.cpu_start AS cpu_start_ns, w.cpu_end - w.cpu_start AS cpu_dur_ns",
+        "w.rank IN (SELECT DISTINCT rank FROM gpu)", ranks_with_collectives(store, run) >= 2)
     table = _run(store, query, run, extra)
     if table.num_rows == 0:
         return _absent_for(store, run, ranks, needs_gpu=True)
@@ -326,33 +420,39 @@ def host_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
 
     Window: the ProfilerStep CPU window. The parts are those of
     :data:`stepscope.analysis.parts.HOST`, in its priority order (data loading, optimizer,
-    compute ops, communication ops not under any of those: exposed host communication; other:
-    none of these active on any thread). Columns: ``run, rank, step, start_ns, end_ns,
-    dur_ns``, then ``HOST.all_columns`` (the parts, summing to ``dur_ns``, and the hidden
-    parts: communication under compute ops).
+    blocked in synchronisation, compute ops, communication ops not under any of those: exposed
+    host communication, split into waiting for peers and the rest; other: none of these active
+    on any thread). Columns: ``run, rank, step, start_ns, end_ns, dur_ns``, then
+    ``HOST.all_columns`` (the parts, summing to ``dur_ns``, the hidden parts: communication
+    under compute ops, and the sub-parts).
     """
     rf, extra = rank_filter(ranks)
-    claimed = " OR ".join(f"({claim})" for claim in HOST.classes)
-    query = f"""
-    WITH win AS MATERIALIZED (
-        SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM steps WHERE run = $run AND {rf}
-    ),
-    iv AS (
-        SELECT rank, ts_ns AS t0, ts_ns + dur_ns AS t1, {_class_case(HOST, otherwise="NULL")} AS cls
-        FROM events
-        WHERE run = $run AND {rf} AND dur_ns > 0 AND kind IN {_sql_list(HOST.kinds)} AND ({claimed})
-    ),
-    {sweep_ctes(len(HOST.classes))},
-    _parts AS (SELECT rank, step, {", ".join(_part_sums(HOST))} FROM seg GROUP BY rank, step)
-    SELECT $run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns,
-        {", ".join(f"coalesce(p.{c}, 0)::BIGINT AS {c}" for c in HOST.all_columns)}
-    FROM win w LEFT JOIN _parts p USING (rank, step)
-    ORDER BY w.rank, w.step
-    """
+    win = f"win AS MATERIALIZED (SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM steps WHERE run = $run AND {rf})"
+    query = _parts_query(
+        HOST, rf, win, "$run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns",
+        matched=ranks_with_collectives(store, run) >= 2)
     table = _run(store, query, run, extra)
     if table.num_rows == 0:
         return _absent_for(store, run, ranks, needs_gpu=False)
     return table
+
+
+def parts_over(store: SQLStore, run: str, breakdown: Breakdown,
+               windows: Sequence[tuple[int, int, int, int]]) -> pa.Table:
+    """The breakdown (:data:`GPU` or :data:`HOST`) of arbitrary windows ``(rank, key, w0, w1)``,
+    disjoint per rank and keys unique per rank, e.g. from a step's start to a collective's start.
+
+    Columns: ``rank, key, w0, w1``, then ``breakdown.all_columns`` (the parts sum to ``w1 - w0``).
+    The same SQL as the step breakdowns, over other windows.
+    """
+    if not windows:
+        return pa.table({"rank": pa.array([], pa.int64())})
+    ranks = sorted({int(w[0]) for w in windows})
+    rf, extra = rank_filter(ranks)
+    values = ", ".join(f"({int(r)}, {int(k)}, {int(a)}, {int(b)})" for r, k, a, b in windows)
+    win = f"win AS MATERIALIZED (SELECT * FROM (VALUES {values}) AS t(rank, step, w0, w1))"
+    return _run(store, _parts_query(breakdown, rf, win, "w.rank, w.step AS key, w.w0, w.w1",
+                                    matched=ranks_with_collectives(store, run) >= 2), run, extra)
 
 
 @cached_frame("rank_totals")

@@ -14,14 +14,17 @@ that table (:mod:`stepscope.analysis._local`). Definitions (docs/ANALYSIS.md, "C
   reduce, send, recv, send_recv ``1``. Without a size, a group size or a factor the bandwidth is
   null and ``absent_reason`` says which.
 - ``hidden_ns`` is the part of a kernel that overlaps the union of compute kernels on the same
-  rank (HTA/TraceLens: compute hides communication); ``exposed_ns = dur_ns - hidden_ns``. Sums
-  over kernels count two collectives running at once on different streams twice; the step
-  breakdown's exposed-communication figure is the union and never does.
-- Across ranks, one collective *instance* is matched by process group and by the group's sequence
-  number when recorded, else by (step, order within the group in that step) on every rank. Its
-  transfer time is the shortest duration among the ranks, ``start_skew_ns`` the latest start
+  rank (HTA/TraceLens: compute hides communication); on a CPU-only rank, the part of a gloo
+  transfer under the host work the host breakdown puts first (data loading, optimizer, syncs,
+  compute ops). ``exposed_ns = dur_ns - hidden_ns``. Sums over kernels count two collectives
+  running at once on different streams twice; the step breakdown's exposed-communication
+  figure is the union and never does.
+- Across ranks (:mod:`stepscope.analysis.matching`): instances matched by sequence number or by
+  order, checked, clock-aligned; ``wait_ns`` of a member is its time inside the collective
+  before the last peer arrived, ``exposed_wait_ns`` the part of it not hidden. The transfer time
+  of an instance is the shortest duration among the ranks, ``start_skew_ns`` the latest start
   minus the earliest, and the rank that started last is the instance's last arrival (none when
-  two ranks tie). Timestamps of different hosts are compared as recorded: clocks must be in sync.
+  two ranks tie).
 """
 
 from __future__ import annotations
@@ -33,15 +36,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stepscope.analysis._local import local_sql
-from stepscope.analysis._sql import rank_filter
+from stepscope.analysis._sql import rank_filter, sql_list
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
-from stepscope.analysis.findings import Finding, Results, Severity, rule
-from stepscope.analysis.overlap import hidden_ctes
-from stepscope.analysis.parts import COMPUTE, COMPUTE_OPS
+from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ranks_phrase, rule
+from stepscope.analysis.matching import POINT_TO_POINT, clock_offsets, collective_ctes, collective_rows
+from stepscope.analysis.overlap import COMPUTE_KERNELS_SQL, hidden_ctes
+from stepscope.analysis.parts import COMM_EXPOSED, COMMUNICATION_OPS, COMPUTE, COMPUTE_OPS, HOST, PEER_WAITS
 from stepscope.analysis.phase import gpu_phase_ctes
 from stepscope.analysis.quantiles import median, median_sql
 from stepscope.analysis.sections import SQLStore, section
+from stepscope.render.units import duration
 
 SIZE_BUCKETS: tuple[tuple[int, str], ...] = (
     (0, "<64KiB"),
@@ -72,68 +77,56 @@ _BUCKET_MIN_SQL = (
     + " END"
 )
 
-_PG_CONFIG_TYPE = '[{"pg_name":"VARCHAR","pg_desc":"VARCHAR","pg_size":"BIGINT","ranks":"BIGINT[]"}]'
-
-
 def _params(run: str, ranks: Sequence[int] | None, column: str = "e.rank") -> tuple[str, dict[str, object]]:
     """The rank predicate on ``column`` and the parameters ``$run`` (and ``$ranks``) it needs."""
     predicate, params = rank_filter(ranks, column)
     return predicate, {"run": run, **params}
 
 
-HOST_SIDE_SQL = "e.kind = 'user_annotation' AND e.name LIKE 'gloo:%'"
-"""Host-side transfers counted as collectives: gloo's worker-thread annotations (``gloo:all_reduce``),
-the only record of the transfer itself in a gloo run (``c10d::allreduce_`` only enqueues it, and
-``nccl:*`` annotations are the host side of a kernel that is counted already)."""
+_HOST_HIDING = " OR ".join(f"({claim})" for p in HOST.earlier(COMMUNICATION_OPS) for claim in p.claims)
+_HIDING_SQL = f"""
+  ({COMPUTE_KERNELS_SQL})
+  OR (e.kind IN {sql_list(HOST.kinds)} AND ({_HOST_HIDING})
+      AND e.rank NOT IN (SELECT rank FROM events WHERE run = e.run AND kind = 'kernel'))"""
+"""What hides a collective: on a rank with GPU kernels its compute kernels; on a CPU-only rank the
+host work the host breakdown puts before communication (data loading, optimizer, syncs, compute
+ops: :data:`stepscope.analysis.parts.HOST`), as gloo's thread transfers while the main thread
+computes."""
 
 
 def _kernels_ctes(ranks_sql: str) -> str:
-    """CTEs ``comm`` (one row per communication kernel or host-side gloo transfer, process
-    group filled from ``distributedInfo.pg_config``), ``hidden``, ``ph`` and ``kernels``.
+    """CTEs ``comm`` (the rows of :func:`stepscope.analysis.matching.collective_ctes` of the
+    ranks asked for: one per communication kernel or host-side gloo transfer, matched across
+    ranks), ``hidden``, ``ph`` and ``kernels``.
 
-    The process group of a collective without process-group args is the only group of
-    ``pg_config`` when there is exactly one. Host-side transfers have no hidden/exposed time
-    (they run on the host, beside no GPU compute) and no phase (they run on the backend's worker
-    thread, outside every marker).
+    Host-side transfers have no hidden/exposed time (they run on the host, beside no GPU
+    compute) and no phase (they run on the backend's worker thread, outside every marker).
     """
     return f"""
-pg_config AS (
-  SELECT source, u.pg.pg_name AS pg_name, u.pg.pg_desc AS pg_desc, u.pg.pg_size AS pg_size,
-         '[' || array_to_string(u.pg.ranks, ', ') || ']' AS pg_ranks,
-         count(*) OVER (PARTITION BY source) AS groups
-  FROM (SELECT source, unnest(from_json(json_extract(distributed_info, '$.pg_config'),
-                                        '{_PG_CONFIG_TYPE}')) AS pg
-        FROM sources WHERE run = $run) u
+{collective_ctes()},
+comm AS (SELECT * FROM coll WHERE {ranks_sql}),
+comm_iv AS (
+  -- each collective (even id) and its wait (odd id): how much of each the rank's work hides
+  SELECT 2 * point_id AS point_id, run, rank, ts_ns AS t0, end_ns AS t1 FROM comm
+  UNION ALL
+  SELECT 2 * point_id + 1, run, rank, ts_ns, ts_ns + wait_ns FROM comm WHERE wait_ns > 0
 ),
-comm AS MATERIALIZED (
-  SELECT row_number() OVER (ORDER BY e.rank, e.source, e.ts_ns, e.stream, e.correlation, e.tid) AS point_id,
-         e.run, e.rank, e.source, e.step, e.name, e.ts_ns, e.dur_ns, e.ts_ns + e.dur_ns AS end_ns,
-         e.stream, e.correlation, e.collective::VARCHAR AS collective, e.bytes,
-         e.dtype::VARCHAR AS dtype, coalesce(e.group_size, pg.pg_size) AS group_size,
-         coalesce(e.pg_name::VARCHAR, pg.pg_name) AS pg_name, coalesce(e.pg_desc::VARCHAR, pg.pg_desc) AS pg_desc,
-         coalesce(e.pg_ranks::VARCHAR, pg.pg_ranks) AS pg_ranks, e.comm_seq,
-         e.kind <> 'kernel' AS host_side
-  FROM events e
-  LEFT JOIN pg_config pg ON pg.source = e.source
-   AND (pg.pg_name = e.pg_name::VARCHAR OR (e.pg_name IS NULL AND pg.groups = 1))
-  WHERE e.run = $run AND e.category = 'communication' AND e.dur_ns IS NOT NULL AND {ranks_sql}
-    AND (e.kind = 'kernel' OR ({HOST_SIDE_SQL}))
-),
-comm_iv AS (SELECT point_id, run, rank, ts_ns AS t0, end_ns AS t1 FROM comm WHERE NOT host_side),
-{hidden_ctes('comm_iv', 'hidden')},
+{hidden_ctes('comm_iv', 'hidden', _HIDING_SQL)},
 {gpu_phase_ctes('comm', 'ph')},
 kernels AS (
   SELECT c.*, ph.phase,
-         CASE WHEN NOT c.host_side THEN coalesce(h.hidden_ns, 0) END AS hidden_ns,
-         CASE WHEN NOT c.host_side THEN c.dur_ns - coalesce(h.hidden_ns, 0) END AS exposed_ns,
+         coalesce(h.hidden_ns, 0) AS hidden_ns,
+         c.dur_ns - coalesce(h.hidden_ns, 0) AS exposed_ns,
+         c.wait_ns - coalesce(hw.hidden_ns, 0) AS exposed_wait_ns,
          {BUSBW_FACTOR_SQL} AS busbw_factor
   FROM comm c
-  LEFT JOIN hidden h USING (point_id)
-  LEFT JOIN ph USING (point_id)
+  LEFT JOIN hidden h ON h.point_id = 2 * c.point_id
+  LEFT JOIN hidden hw ON hw.point_id = 2 * c.point_id + 1
+  LEFT JOIN ph ON ph.point_id = c.point_id
 )"""
 
 
-_HOST_REASON = "host-side (gloo) transfer: no hidden/exposed time, no phase"
+_HOST_REASON = "host-side (gloo) transfer: no phase (the gloo worker thread runs outside every marker)"
 
 _ABSENT_BW_SQL = """
 CASE
@@ -154,7 +147,7 @@ def _kernels_table(store: SQLStore, run: str, ranks: Sequence[int] | None = None
     The one query that touches the store's events (the sweep and the phase join are its cost);
     the frames below aggregate its result, so a section runs it once, not once per frame.
     """
-    ranks_sql, params = _params(run, ranks)
+    ranks_sql, params = _params(run, ranks, "rank")
     return store.sql(f"WITH {_kernels_ctes(ranks_sql)} SELECT * EXCLUDE (source, correlation) FROM kernels", params)
 
 
@@ -166,7 +159,8 @@ def collective_kernels(store: SQLStore, run: str, ranks: Sequence[int] | None = 
 def _kernel_frame(kernels: pa.Table) -> pa.Table:
     return local_sql(f"""
 SELECT run, rank, step, phase, collective, pg_name, pg_desc, pg_ranks, group_size, comm_seq,
-       ts_ns, dur_ns, hidden_ns, exposed_ns, bytes, dtype, stream, name, host_side,
+       ts_ns, dur_ns, hidden_ns, exposed_ns, wait_ns, exposed_wait_ns, late, bytes, dtype, stream, name, host_side,
+       inst_id, valid, inst_group_size, clock_correction_ns, aligned_ts_ns,
        bytes / nullif(dur_ns, 0) AS algbw_gbps,
        bytes * busbw_factor / nullif(dur_ns, 0) AS busbw_gbps,
        nullif(concat_ws('; ', {_ABSENT_BW_SQL}, CASE WHEN host_side THEN '{_HOST_REASON}' END), '') AS absent_reason
@@ -208,7 +202,11 @@ def group_phase_summary(store: SQLStore, run: str, ranks: Sequence[int] | None =
     """Per rank, process group and phase: how much communication, and how much of it is hidden.
 
     ``exposed_pct_of_steps`` relates the exposed time to the rank's total ``ProfilerStep`` time
-    (null, with a reason, when the trace has no steps).
+    (null, with a reason, when the trace has no steps); ``wait_ns``/``exposed_wait_ns`` are the
+    kernels' waits for peers (all of it / the part not under compute; ``matched`` counts the
+    kernels matched with another rank, whose wait is known; ``partly_traced``: some of its
+    collectives' groups have ranks that were not traced), ``exposed_transfer_ns``
+    the exposed time that is not waiting, and ``exposed_transfer_pct_of_steps`` its share.
     """
     return _group_phase_summary(_kernels_table(store, run, ranks), _step_totals(store, run, ranks))
 
@@ -217,7 +215,8 @@ def _step_totals(store: SQLStore, run: str, ranks: Sequence[int] | None) -> pa.T
     """Per rank: the summed duration of its ``ProfilerStep`` CPU windows."""
     ranks_sql, params = _params(run, ranks, "rank")
     return store.sql(
-        f"SELECT run, rank, sum(dur_ns)::BIGINT AS steps_ns FROM steps WHERE run = $run AND {ranks_sql} GROUP BY ALL",
+        f"SELECT run, rank, sum(dur_ns)::BIGINT AS steps_ns, count(*) AS steps FROM steps "
+        f"WHERE run = $run AND {ranks_sql} GROUP BY ALL",
         params,
     )
 
@@ -227,8 +226,14 @@ def _group_phase_summary(kernels: pa.Table, step_total: pa.Table) -> pa.Table:
 SELECT k.run, k.rank, k.pg_name, k.pg_desc, k.pg_ranks, k.group_size, k.phase, k.host_side,
        string_agg(DISTINCT k.collective, ', ' ORDER BY k.collective) AS collectives, count(*) AS count, sum(k.bytes)::BIGINT AS bytes, sum(k.dur_ns)::BIGINT AS dur_ns,
        sum(k.hidden_ns)::BIGINT AS hidden_ns, sum(k.exposed_ns)::BIGINT AS exposed_ns,
+       count(k.wait_ns) AS matched, coalesce(bool_or(k.inst_ranks < k.inst_group_size), FALSE) AS partly_traced,
+       sum(k.wait_ns)::BIGINT AS wait_ns,
+       sum(k.exposed_wait_ns)::BIGINT AS exposed_wait_ns,
+       (sum(k.exposed_ns) - coalesce(sum(k.exposed_wait_ns), 0))::BIGINT AS exposed_transfer_ns,
        100.0 * sum(k.hidden_ns) / nullif(sum(k.dur_ns), 0) AS hidden_pct,
        100.0 * sum(k.exposed_ns) / any_value(s.steps_ns) AS exposed_pct_of_steps,
+       100.0 * (sum(k.exposed_ns) - coalesce(sum(k.exposed_wait_ns), 0)) / any_value(s.steps_ns)
+         AS exposed_transfer_pct_of_steps, any_value(s.steps) AS steps,
        nullif(concat_ws('; ',
          CASE WHEN any_value(s.steps_ns) IS NULL THEN 'no ProfilerStep#N annotations in this rank''s trace' END,
          CASE WHEN any_value(k.host_side) THEN '{_HOST_REASON}' END), '') AS absent_reason
@@ -239,99 +244,94 @@ ORDER BY k.rank, exposed_ns DESC
     return local_sql(query, kernels=kernels, step_total=step_total)
 
 
-_INSTANCES_CTES = """
-keyed AS (
-  SELECT *,
-         CASE WHEN comm_seq IS NOT NULL THEN 'comm_seq' ELSE 'step_order' END AS matched_by,
-         CASE WHEN comm_seq IS NULL THEN step END AS match_step,
-         coalesce(comm_seq, row_number() OVER (PARTITION BY rank, pg_name, step ORDER BY ts_ns, stream))
-           AS match_seq
-  FROM kernels
-),
-keyed_max AS (
-  SELECT *, max(ts_ns) OVER (PARTITION BY pg_name, matched_by, match_step, match_seq) AS inst_last_ts
-  FROM keyed
-),
+_INSTANCES_CTE = f"""
 inst AS (
-  SELECT any_value(run) AS run, pg_name, any_value(pg_desc) AS pg_desc, matched_by, match_step,
-         match_seq, min(step) AS step, mode(collective) AS collective,
-         count(DISTINCT collective) > 1 AS collective_mismatch,
-         count(DISTINCT rank) AS ranks, count(*) AS kernels,
-         max(bytes) AS bytes, any_value(busbw_factor) AS busbw_factor,
-         min(ts_ns) AS first_start_ns, max(ts_ns) AS last_start_ns,
+  SELECT any_value(run) AS run, inst_id, any_value(pg_name) AS pg_name, any_value(pg_desc) AS pg_desc,
+         any_value(matched_by) AS matched_by, any_value(match_seq) AS match_seq, min(step) AS step,
+         mode(collective) AS collective, bool_or(collective_mismatch) AS collective_mismatch,
+         count(DISTINCT rank) AS ranks, any_value(inst_group_size) AS group_size, max(bytes) AS bytes,
+         any_value({BUSBW_FACTOR_SQL}) AS busbw_factor, bool_and(valid) AS valid,
+         any_value(absent_reason) AS absent_reason,
+         min(aligned_ts_ns) AS first_start_ns, max(aligned_ts_ns) AS last_start_ns,
          min(dur_ns) AS min_dur_ns, max(dur_ns) AS max_dur_ns,
-         arg_min(rank, ts_ns) AS first_rank_any,
-         CASE WHEN count(*) FILTER (WHERE ts_ns = inst_last_ts) = 1 THEN arg_max(rank, ts_ns) END
-           AS last_rank_any
-  FROM keyed_max
-  GROUP BY pg_name, matched_by, match_step, match_seq
+         arg_min(rank, aligned_ts_ns) AS first_rank_any,
+         CASE WHEN count(*) FILTER (WHERE aligned_ts_ns = last_start_ns) = 1 THEN arg_max(rank, aligned_ts_ns) END
+           AS last_rank_any,
+         list(rank ORDER BY rank) FILTER (WHERE late) AS late_ranks,
+         sum(wait_ns)::BIGINT AS wait_ns, max(wait_ns) AS max_wait_ns
+  FROM rows GROUP BY inst_id
 )"""
-"""CTEs ``keyed`` (kernels with their match key) and ``inst`` (one row per collective instance
-matched across ranks), over the relation ``kernels``."""
+"""CTE ``inst``: one row per collective instance over the relation ``rows`` (rows of
+:func:`stepscope.analysis.matching.collective_rows`, every rank); times are clock-aligned."""
 
-
-_POINT_TO_POINT = "('send', 'recv', 'send_recv')"
+_POINT_TO_POINT = sql_list(POINT_TO_POINT)
 """Point-to-point transfers: a pipeline schedule makes one side wait by design, so they are
 matched and measured but not counted as last arrivals."""
 
-_MULTI = "ranks >= 2 AND ranks = kernels"
-"""An instance seen once on each of at least two ranks: the only kind skew is defined for."""
+
+def _rows(store: SQLStore, run: str, ranks: Sequence[int] | None) -> tuple[pa.Table, list[int] | None]:
+    """Every rank's collective rows (instances are cross-rank facts: matched over all ranks
+    whichever are asked for) and the ranks asked for."""
+    return collective_rows(store, run), None if ranks is None else [int(r) for r in ranks]
+
+
+def _wanted(ranks: list[int] | None, column: str = "rank") -> str:
+    """Predicate: ``column`` is one of the ranks asked for (``$wanted``), or every rank."""
+    return "TRUE" if ranks is None else f"list_contains($wanted::BIGINT[], {column})"
 
 
 def collective_instances(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
-    """One row per collective instance matched across ranks: skew, spread, last arrival.
+    """One row per collective instance matched across ranks (those that have a member on a rank
+    asked for): skew, spread, last arrival, waits.
 
-    Skew, spread, first/last rank and ``busbw_gbps`` (from the shortest duration, the best
-    estimate of the transfer itself) are null when the instance was seen on fewer than two
-    ranks or more than once on a rank (the matching is then ambiguous); ``absent_reason`` says so.
+    Skew, spread, first/last rank, late ranks, waits and ``busbw_gbps`` (from the shortest
+    duration, the best estimate of the transfer itself) are null when the instance is not valid
+    (seen on one rank, more than once on a rank, or its members disagree: see
+    :mod:`stepscope.analysis.matching`); ``absent_reason`` says why. Times are clock-aligned.
     ``last_rank`` is null when two ranks started at the same nanosecond.
     """
+    rows, wanted = _rows(store, run, ranks)
     query = f"""
-WITH {_INSTANCES_CTES}
-SELECT run, step, pg_name, pg_desc, matched_by, match_seq, collective, collective_mismatch,
-       ranks, bytes,
-       CASE WHEN {_MULTI} THEN last_start_ns - first_start_ns END AS start_skew_ns,
-       CASE WHEN {_MULTI} THEN min_dur_ns END AS min_dur_ns,
-       CASE WHEN {_MULTI} THEN max_dur_ns END AS max_dur_ns,
-       CASE WHEN {_MULTI} THEN max_dur_ns - min_dur_ns END AS dur_spread_ns,
-       CASE WHEN {_MULTI} THEN first_rank_any END AS first_rank,
-       CASE WHEN {_MULTI} THEN last_rank_any END AS last_rank,
-       CASE WHEN {_MULTI} THEN bytes / nullif(min_dur_ns, 0) END AS algbw_gbps,
-       CASE WHEN {_MULTI} THEN bytes * busbw_factor / nullif(min_dur_ns, 0) END AS busbw_gbps,
-       CASE WHEN ranks < 2 THEN 'seen on one rank only'
-            WHEN ranks <> kernels THEN 'matched more than once on a rank: ambiguous'
-       END AS absent_reason
+WITH {_INSTANCES_CTE}
+SELECT run, step, pg_name, pg_desc, matched_by, match_seq, collective, collective_mismatch, ranks, group_size, bytes,
+       CASE WHEN valid THEN last_start_ns - first_start_ns END AS start_skew_ns,
+       CASE WHEN valid THEN min_dur_ns END AS min_dur_ns,
+       CASE WHEN valid THEN max_dur_ns END AS max_dur_ns,
+       CASE WHEN valid THEN max_dur_ns - min_dur_ns END AS dur_spread_ns,
+       CASE WHEN valid THEN first_rank_any END AS first_rank,
+       CASE WHEN valid THEN last_rank_any END AS last_rank,
+       late_ranks, wait_ns, max_wait_ns,
+       CASE WHEN valid THEN bytes / nullif(min_dur_ns, 0) END AS algbw_gbps,
+       CASE WHEN valid THEN bytes * busbw_factor / nullif(min_dur_ns, 0) END AS busbw_gbps,
+       absent_reason, first_start_ns
 FROM inst
-ORDER BY first_start_ns
+WHERE inst_id IN (SELECT inst_id FROM rows WHERE {_wanted(wanted)})
+ORDER BY first_start_ns, inst_id
 """
-    return local_sql(query, kernels=_kernels_table(store, run, ranks))
+    return local_sql(query, {"wanted": wanted} if wanted is not None else None, rows=rows).drop_columns(
+        ["first_start_ns"])
 
 
 def rank_arrivals(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
-    """Per rank: how often it arrives last at a collective, overall and step by step.
+    """Per rank: how often it arrives last at a collective, overall and step by step, and how long
+    it waits.
 
     Point-to-point transfers (send, recv, send_recv) are left out: in pipeline parallelism one
     stage waits for the other by design, which says nothing about a slow rank.
 
-    ``last_pct`` is the share of the rank's matched instances (seen on two ranks or more) at
-    which it started last. ``steps_last_most`` counts the steps in which this rank was the
-    last arrival more often than any other rank (ties count for nobody), out of
-    ``steps_with_instances``: a straggler that recurs step after step is a slow rank, one that
-    does not is noise.
+    ``last_pct`` is the share of the rank's valid instances at which it started last.
+    ``steps_last_most`` counts the steps in which this rank was the last arrival more often than
+    any other rank (ties count for nobody), out of ``steps_with_instances``. ``wait_ns`` is the
+    rank's summed wait inside those collectives.
     """
-    return _rank_arrivals(_kernels_table(store, run, ranks))
-
-
-def _rank_arrivals(kernels: pa.Table) -> pa.Table:
+    rows, wanted = _rows(store, run, ranks)
     query = f"""
-WITH {_INSTANCES_CTES},
-multi AS (SELECT * FROM inst WHERE {_MULTI} AND collective NOT IN {_POINT_TO_POINT}),
+WITH {_INSTANCES_CTE},
+multi AS (SELECT * FROM inst WHERE valid AND collective NOT IN {_POINT_TO_POINT}),
 seen AS (
   SELECT k.rank, count(*) AS instances, count(*) FILTER (WHERE m.last_rank_any = k.rank) AS last_count,
-         sum(k.ts_ns - m.first_start_ns)::BIGINT AS late_ns
-  FROM keyed k JOIN multi m
-    ON k.pg_name IS NOT DISTINCT FROM m.pg_name AND k.matched_by = m.matched_by
-   AND k.match_step IS NOT DISTINCT FROM m.match_step AND k.match_seq = m.match_seq
+         sum(k.aligned_ts_ns - m.first_start_ns)::BIGINT AS late_ns, sum(k.wait_ns)::BIGINT AS wait_ns
+  FROM rows k JOIN multi m USING (inst_id)
   GROUP BY k.rank
 ),
 per_step AS (
@@ -343,62 +343,60 @@ step_top AS (
   FROM (SELECT *, max(n) OVER (PARTITION BY step) AS max_n FROM per_step)
   GROUP BY step
 )
-SELECT (SELECT any_value(run) FROM kernels) AS run, s.rank, s.instances, s.last_count,
+SELECT (SELECT any_value(run) FROM rows) AS run, s.rank, s.instances, s.last_count,
        100.0 * s.last_count / s.instances AS last_pct,
-       s.late_ns / s.instances AS mean_late_ns,
+       s.late_ns / s.instances AS mean_late_ns, s.wait_ns,
        (SELECT count(*) FROM step_top t WHERE t.top_rank = s.rank) AS steps_last_most,
        (SELECT count(DISTINCT step) FROM multi) AS steps_with_instances
 FROM seen s
+WHERE {_wanted(wanted, "s.rank")}
 ORDER BY s.rank
 """
-    return local_sql(query, kernels=kernels)
+    return local_sql(query, {"wanted": wanted} if wanted is not None else None, rows=rows)
 
 
 def skew_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
-    """Per process group and collective, over instances seen once on each of two ranks or more:
-    how many, mean and max start skew, mean duration spread, and median bus bandwidth of the
-    transfer (from each instance's shortest duration)."""
-    return _skew_summary(_kernels_table(store, run, ranks))
-
-
-def _skew_summary(kernels: pa.Table) -> pa.Table:
+    """Per process group and collective, over valid instances: how many, mean and max start
+    skew, mean duration spread, the waits in them, and the median bus bandwidth of the transfer
+    (from each instance's shortest duration)."""
+    rows, wanted = _rows(store, run, ranks)
     query = f"""
-WITH {_INSTANCES_CTES}
+WITH {_INSTANCES_CTE}
 SELECT any_value(run) AS run, pg_name, any_value(pg_desc) AS pg_desc, collective,
        count(*) AS instances, max(ranks) AS ranks,
        avg(last_start_ns - first_start_ns) AS mean_start_skew_ns,
        max(last_start_ns - first_start_ns) AS max_start_skew_ns,
        avg(max_dur_ns - min_dur_ns) AS mean_dur_spread_ns,
+       sum(wait_ns)::BIGINT AS wait_ns, max(max_wait_ns) AS max_wait_ns,
        {median_sql("bytes * busbw_factor / nullif(min_dur_ns, 0)")} AS median_busbw_gbps
-FROM inst WHERE {_MULTI}
+FROM inst WHERE valid AND inst_id IN (SELECT inst_id FROM rows WHERE {_wanted(wanted)})
 GROUP BY pg_name, collective
 ORDER BY pg_name, collective
 """
-    return local_sql(query, kernels=kernels)
+    return local_sql(query, {"wanted": wanted} if wanted is not None else None, rows=rows)
 
 
 def arrival_skew(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
-    """Per rank and collective: how late the rank starts the instances it takes part in.
+    """Per rank and collective: how late the rank starts the valid instances it takes part in.
 
-    Over instances seen once on each of two ranks or more (as :func:`collective_instances`),
-    ``late_ns`` of a rank at an instance is its start minus the earliest start among the ranks.
-    Columns: ``run, rank, collective, instances, mean_late_ns, max_late_ns, last_count`` (how often
-    it started last). Point-to-point transfers are included: this is a map of who waits, not a
-    straggler verdict (see :func:`rank_arrivals` for that).
+    ``late_ns`` of a rank at an instance is its (clock-aligned) start minus the earliest start
+    among the ranks. Columns: ``run, rank, collective, instances, mean_late_ns, max_late_ns,
+    last_count`` (how often it started last), ``wait_ns`` (its summed wait). Point-to-point
+    transfers are included: this is a map of who waits, not a verdict.
     """
+    rows, wanted = _rows(store, run, ranks)
     query = f"""
-WITH {_INSTANCES_CTES},
-multi AS (SELECT * FROM inst WHERE {_MULTI})
+WITH {_INSTANCES_CTE},
+multi AS (SELECT * FROM inst WHERE valid)
 SELECT $run AS run, k.rank, m.collective, count(*) AS instances,
-       avg(k.ts_ns - m.first_start_ns) AS mean_late_ns, max(k.ts_ns - m.first_start_ns) AS max_late_ns,
-       count(*) FILTER (WHERE m.last_rank_any = k.rank) AS last_count
-FROM keyed k JOIN multi m
-  ON k.pg_name IS NOT DISTINCT FROM m.pg_name AND k.matched_by = m.matched_by
- AND k.match_step IS NOT DISTINCT FROM m.match_step AND k.match_seq = m.match_seq
+       avg(k.aligned_ts_ns - m.first_start_ns) AS mean_late_ns, max(k.aligned_ts_ns - m.first_start_ns) AS max_late_ns,
+       count(*) FILTER (WHERE m.last_rank_any = k.rank) AS last_count, sum(k.wait_ns)::BIGINT AS wait_ns
+FROM rows k JOIN multi m USING (inst_id)
+WHERE {_wanted(wanted, "k.rank")}
 GROUP BY k.rank, m.collective
 ORDER BY k.rank, m.collective
 """
-    return local_sql(query, {"run": run}, kernels=_kernels_table(store, run, ranks))
+    return local_sql(query, {"run": run, **({"wanted": wanted} if wanted is not None else {})}, rows=rows)
 
 
 def rank_compute(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
@@ -446,12 +444,13 @@ class CommResult:
     skew: Maybe[pa.Table]
     arrivals: Maybe[pa.Table]
     compute: Maybe[pa.Table]
+    clock_offsets: Maybe[pa.Table]
     ranks: int
 
 
 NO_COLLECTIVES = "no communication kernels or gloo transfers in the traces of this run (or of the ranks asked for)"
 
-_ONE_RANK = "one rank in this run: cross-rank skew and stragglers need two or more"
+_ONE_RANK = "one rank in this run: cross-rank skew, waits and clock offsets need two or more"
 
 
 def _rank_count(store: SQLStore, run: str, ranks: Sequence[int] | None) -> int:
@@ -460,107 +459,130 @@ def _rank_count(store: SQLStore, run: str, ranks: Sequence[int] | None) -> int:
                      params).to_pylist()[0]["n"]
 
 
+def _table(value: Maybe[pa.Table]) -> object:
+    return value if isinstance(value, Absent) else value.to_pylist()
+
+
 @section("comm", order=40, to_json=lambda r: {
     "by_collective": r.by_collective.to_pylist(),
     "by_group_phase": r.by_group_phase.to_pylist(),
-    "skew": r.skew if isinstance(r.skew, Absent) else r.skew.to_pylist(),
-    "arrivals": r.arrivals if isinstance(r.arrivals, Absent) else r.arrivals.to_pylist(),
-    "compute": r.compute if isinstance(r.compute, Absent) else r.compute.to_pylist(),
+    "skew": _table(r.skew),
+    "arrivals": _table(r.arrivals),
+    "compute": _table(r.compute),
+    "clock_offsets": _table(r.clock_offsets),
 })
 def comm_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe[CommResult]:
     """Communication per collective and size bucket, per process group and phase (exposed vs
-    hidden under compute), and across ranks: start skew, last arrivals, compute per rank."""
+    hidden under compute, waiting vs transfer), and across ranks: start skew, last arrivals,
+    compute per rank, clock offsets."""
     kernels = _kernels_table(store, run, ranks)
     if kernels.num_rows == 0:
         return Absent(NO_COLLECTIVES)
     n_ranks = _rank_count(store, run, ranks)
     multi = n_ranks >= 2
+    offsets: Maybe[pa.Table] = Absent(_ONE_RANK)
+    if multi:
+        offsets = clock_offsets(store, run)
+        if ranks is not None:
+            offsets = offsets.filter(pc.is_in(offsets.column("rank"), pa.array([int(r) for r in ranks], pa.int64())))
     return CommResult(
         by_collective=_collective_summary(kernels),
         by_group_phase=_group_phase_summary(kernels, _step_totals(store, run, ranks)),
-        skew=_skew_summary(kernels) if multi else Absent(_ONE_RANK),
-        arrivals=_rank_arrivals(kernels) if multi else Absent(_ONE_RANK),
+        skew=skew_summary(store, run, ranks) if multi else Absent(_ONE_RANK),
+        arrivals=rank_arrivals(store, run, ranks) if multi else Absent(_ONE_RANK),
         compute=rank_compute(store, run, ranks) if multi else Absent(_ONE_RANK),
+        clock_offsets=offsets,
         ranks=n_ranks,
     )
 
 
 EXPOSED_PCT_WARN = 10.0
-"""Exposed communication of one process group and phase above this share of step time warns."""
+"""Exposed transfer above this share of the step (and 1 ms per step) warns."""
 
-STRAGGLER_MIN_INSTANCES = 10
-"""Fewer matched collectives than this say nothing about who is late."""
-
-COMPUTE_STRAGGLER_PCT = 10.0
-"""A rank computing this much longer per step than the median rank is a compute straggler."""
+_PHASE_WORDS = {"forward": "in forward", "backward": "in backward", "optimizer": "in the optimizer",
+                "other": "outside forward/backward/optimizer"}
 
 
-@rule("comm.exposed", needs=("comm",))
+def _where(row: dict) -> str:
+    """Where a process group's collectives of one phase ran, in words."""
+    if row["host_side"]:
+        return "on gloo's worker thread"
+    return _PHASE_WORDS.get(row["phase"], "in an unknown phase (their launch is not in the trace)")
+
+
+def _exposed_transfer(ranks: object) -> dict[int, tuple[float, float, bool]]:
+    """Per rank with steps: (exposed transfer per step, its share of the step, whether its waits are
+    known), from the step breakdown (GPU, else host): the union, never more than the step. Where
+    no collective of the rank was matched, waiting cannot be told apart: all exposed
+    communication counts."""
+    gpu = getattr(ranks, "breakdown")
+    table, parent = (gpu, COMM_EXPOSED) if isinstance(gpu, pa.Table) and gpu.num_rows else (
+        getattr(ranks, "host"), COMMUNICATION_OPS)
+    if not isinstance(table, pa.Table):
+        return {}
+    matched = getattr(ranks, "matched")
+    transfer = next(p for p in parent.sub_parts if p not in PEER_WAITS)
+    out: dict[int, tuple[float, float, bool]] = {}
+    for rank, rows in _group(table.to_pylist()).items():
+        known = rank in matched
+        part = transfer if known else parent
+        total, dur = sum(r[part.column] for r in rows), sum(r["dur_ns"] for r in rows)
+        if dur:
+            out[rank] = (total / len(rows), 100 * total / dur, known)
+    return out
+
+
+def _group(rows: list[dict]) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    for row in rows:
+        out.setdefault(row["rank"], []).append(row)
+    return out
+
+
+@rule("comm.exposed", needs=("comm", "ranks"))
 def exposed_rule(results: Results) -> Iterator[Finding]:
-    """A process group's communication in one phase is exposed (not under compute) for at least
-    10% of the rank's step time: overlap with compute is poor there."""
+    """A rank's communication transfers exposed (not under compute and not waiting for a peer)
+    for at least 10% of the step time and 1 ms per step: overlap with compute is poor. The time
+    is the step breakdown's (a union: never more than the step); the process groups and phases
+    whose collectives carry most of it are named. Waiting for peers is ``comm.late_rank``'s,
+    not this rule's. One finding over every rank where it holds, naming the worst rank's leading
+    groups and phases."""
     result = results["comm"]
     assert isinstance(result, CommResult)
-    for row in result.by_group_phase.to_pylist():
-        pct = row["exposed_pct_of_steps"]
-        if pct is None or pct < EXPOSED_PCT_WARN:
+    exposed = _exposed_transfer(results["ranks"])
+    contributors = _group(result.by_group_phase.to_pylist())
+    items = []
+    for rank, (per_step, pct, known) in exposed.items():
+        rows = sorted((r for r in contributors.get(rank, []) if (r["exposed_transfer_ns"] or 0) > 0),
+                      key=lambda r: -r["exposed_transfer_ns"])
+        if pct < EXPOSED_PCT_WARN or per_step < MIN_STAKE_NS or not rows:
             continue
-        group = row["pg_desc"] or row["pg_name"] or "unknown"
-        phase = row["phase"]
-        named = phase in ("forward", "backward", "optimizer")
-        where = f"in {phase}" if named else ("outside forward/backward/optimizer" if phase else "in an unknown phase")
+        total = sum(r["exposed_transfer_ns"] for r in rows)
+        items.append({"rank": rank, "per_step": per_step, "pct": pct, "known": known, "rows": rows, "total": total,
+                      "partly": any(r["partly_traced"] for r in rows)})
+    if items:
+        worst = max(items, key=lambda i: i["per_step"])
+        ranks = tuple(sorted(i["rank"] for i in items))
+        parts = [f"{r['collectives'] or 'collectives of unknown kind'} {_where(r)} (process group "
+                 f"{r['pg_desc'] or r['pg_name'] or 'unknown'}, {100 * r['exposed_transfer_ns'] / worst['total']:.0f}%)"
+                 for r in worst["rows"][:2]]
+        message = (f"{ranks_phrase(ranks)}: communication transfers exposed for {duration(worst['per_step'])} per step "
+                   f"({worst['pct']:.0f}% of the step), mostly {' and '.join(parts)}: overlap with compute is poor")
+        if not worst["known"]:
+            message += ("; none of these collectives was matched with another traced rank's, so part of this may be "
+                        "waiting for a peer, not transfer")
+        elif worst["partly"]:
+            message += ("; some of their process groups have ranks that were not traced: waiting for those counts as "
+                        "transfer here")
+        lead = worst["rows"][0]
         yield Finding(
             Severity.WARNING,
             "comm.exposed",
-            f"{row['collectives']} {where} exposed {pct:.0f}% of step time on "
-            f"rank {row['rank']} (process group {group}; {row['hidden_pct']:.0f}% hidden under compute): "
-            f"overlap with {phase if named else 'compute'} is poor",
-            {"rank": row["rank"], "pg_name": row["pg_name"], "pg_desc": row["pg_desc"], "phase": row["phase"],
-             "exposed_ns": row["exposed_ns"], "hidden_pct": row["hidden_pct"], "exposed_pct_of_steps": pct},
-        )
-
-
-@rule("comm.straggler", needs=("comm",))
-def straggler_rule(results: Results) -> Iterator[Finding]:
-    """One rank starts last at most collectives: far above chance (1/ranks), halfway to always.
-    Needs at least 10 collectives matched across ranks."""
-    result = results["comm"]
-    assert isinstance(result, CommResult)
-    if isinstance(result.arrivals, Absent):
-        return
-    chance = 1.0 / result.ranks
-    threshold = 100.0 * (chance + (1.0 - chance) / 2)
-    for row in result.arrivals.to_pylist():
-        if row["instances"] < STRAGGLER_MIN_INSTANCES or row["last_pct"] < threshold:
-            continue
-        yield Finding(
-            Severity.WARNING,
-            "comm.straggler",
-            f"rank {row['rank']} arrives last at {row['last_pct']:.0f}% of {row['instances']} collectives "
-            f"(last most often in {row['steps_last_most']} of {row['steps_with_instances']} steps): "
-            "straggler suspect",
-            {"rank": row["rank"], "last_pct": row["last_pct"], "instances": row["instances"],
-             "steps_last_most": row["steps_last_most"], "steps_with_instances": row["steps_with_instances"],
-             "threshold_pct": threshold},
-        )
-
-
-@rule("comm.compute_straggler", needs=("comm",))
-def compute_straggler_rule(results: Results) -> Iterator[Finding]:
-    """A rank computes at least 10% longer per step than the median rank: the collectives make
-    every rank wait for it, so step times alone hide it."""
-    result = results["comm"]
-    assert isinstance(result, CommResult)
-    if isinstance(result.compute, Absent):
-        return
-    for row in result.compute.to_pylist():
-        pct = row["compute_vs_median_pct"]
-        if pct is None or pct < COMPUTE_STRAGGLER_PCT:
-            continue
-        yield Finding(
-            Severity.WARNING,
-            "comm.compute_straggler",
-            f"rank {row['rank']} computes {pct:.0f}% longer per step than the median rank "
-            f"({row['mean_compute_ns'] / 1e6:.1f} ms): compute straggler",
-            {"rank": row["rank"], "compute_vs_median_pct": pct, "mean_compute_ns": row["mean_compute_ns"]},
+            message,
+            {"ranks": list(ranks), "worst_rank": worst["rank"], "exposed_transfer_ns_per_step": round(worst["per_step"]),
+             "exposed_transfer_pct_of_steps": round(worst["pct"], 2), "waits_known": worst["known"],
+             "pg_name": lead["pg_name"], "pg_desc": lead["pg_desc"], "phase": lead["phase"],
+             "collectives": lead["collectives"], "hidden_pct": lead["hidden_pct"]},
+            ranks=ranks,
+            time_at_stake_ns=round(worst["per_step"]),
         )

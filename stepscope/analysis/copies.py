@@ -28,9 +28,10 @@ from stepscope.analysis._local import local_sql
 from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
+from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ranks_phrase, rule
 from stepscope.analysis.quantiles import quantile_sql
-from stepscope.analysis.findings import Finding, Results, Severity, rule
 from stepscope.analysis.sections import SQLStore, section
+from stepscope.render.units import duration
 
 LINK_PEAKS: tuple[tuple[str, str, float], ...] = (
     (r"GH200|GB200|GB300|Grace", "NVLink-C2C", 450.0),
@@ -202,30 +203,51 @@ _EXPOSED_ADVICE = {
 }
 
 
+def _steps_per_rank(result: CopiesResult) -> dict[int, int]:
+    """Profiled steps with copies per rank (the per-step table), to turn totals into per-step times."""
+    steps: dict[int, set[int]] = {}
+    for row in result.per_step.to_pylist():
+        if row["step"] is not None:
+            steps.setdefault(row["rank"], set()).add(row["step"])
+    return {rank: len(s) for rank, s in steps.items()}
+
+
 @rule("copies.exposed", needs=("copies",))
 def exposed_rule(results: Results) -> Iterator[Finding]:
-    """Copies of one direction run outside compute for at least 10% of the rank's step time:
-    the GPU waits on them."""
+    """Copies of one direction run outside compute for at least 10% of the step time and 1 ms per
+    step: the GPU waits on them. One finding per direction, over the ranks where it holds."""
     result = results["copies"]
     assert isinstance(result, CopiesResult)
+    steps = _steps_per_rank(result)
     exposed: dict[tuple[int, str], list[dict]] = {}
     for row in result.totals.to_pylist():
         exposed.setdefault((row["rank"], row["direction"]), []).append(row)
+    flagged: dict[str, list[dict]] = {}
     for (rank, direction), rows in sorted(exposed.items()):
         pct = sum(r["exposed_pct_of_steps"] or 0.0 for r in rows)
-        if all(r["exposed_pct_of_steps"] is None for r in rows) or pct < EXPOSED_PCT_WARN:
+        if all(r["exposed_pct_of_steps"] is None for r in rows) or pct < EXPOSED_PCT_WARN or not steps.get(rank):
             continue
         exposed_ns = sum(r["exposed_ns"] for r in rows)
-        dur_ns = sum(r["dur_ns"] for r in rows)
-        nbytes = sum(r["bytes"] or 0 for r in rows)
+        if exposed_ns / steps[rank] < MIN_STAKE_NS:
+            continue
+        flagged.setdefault(direction, []).append({
+            "rank": rank, "pct": pct, "exposed_ns": exposed_ns, "per_step": exposed_ns / steps[rank],
+            "dur_ns": sum(r["dur_ns"] for r in rows), "bytes": sum(r["bytes"] or 0 for r in rows)})
+    for direction, rows in flagged.items():
+        worst = max(rows, key=lambda r: r["per_step"])
+        ranks = tuple(r["rank"] for r in rows)
         yield Finding(
             Severity.WARNING,
             "copies.exposed",
-            f"{direction.upper()} copies exposed {pct:.0f}% of step time on rank {rank} "
-            f"({nbytes / 1e9:.2f} GB, {100 * (1 - exposed_ns / dur_ns):.0f}% hidden under compute): "
+            f"{ranks_phrase(ranks)}: {direction.upper()} copies exposed for {duration(worst['per_step'])} per step "
+            f"({worst['pct']:.0f}% of the step; {worst['bytes'] / 1e9:.2f} GB, "
+            f"{100 * (1 - worst['exposed_ns'] / worst['dur_ns']):.0f}% hidden under compute): "
             f"{_EXPOSED_ADVICE[direction]}",
-            {"rank": rank, "direction": direction, "exposed_ns": exposed_ns, "dur_ns": dur_ns,
-             "bytes": nbytes, "exposed_pct_of_steps": pct},
+            {"ranks": list(ranks), "direction": direction, "worst_rank": worst["rank"],
+             "exposed_ns": worst["exposed_ns"], "dur_ns": worst["dur_ns"], "bytes": worst["bytes"],
+             "exposed_pct_of_steps": worst["pct"], "exposed_ns_per_step": round(worst["per_step"])},
+            ranks=ranks,
+            time_at_stake_ns=round(worst["per_step"]),
         )
 
 
@@ -233,21 +255,35 @@ def exposed_rule(results: Results) -> Iterator[Finding]:
 def pageable_rule(results: Results) -> Iterator[Finding]:
     """Host<->device copies move at least 16 MiB from or to pageable host memory: the driver
     stages them through a pinned bounce buffer, they cannot overlap compute and reach a
-    fraction of the link's bandwidth. Pin the host tensors (``pin_memory=True``)."""
+    fraction of the link's bandwidth. Pin the host tensors (``pin_memory=True``). When the trace
+    has steps, also at least 1 ms of exposed copy time per step; one finding per direction."""
     result = results["copies"]
     assert isinstance(result, CopiesResult)
+    steps = _steps_per_rank(result)
+    flagged: dict[str, list[dict]] = {}
     for row in result.totals.to_pylist():
         if row["host_memory"] != "pageable" or row["direction"] not in ("h2d", "d2h"):
             continue
         if (row["bytes"] or 0) < PAGEABLE_MIN_BYTES:
             continue
-        what = "H2D copies from" if row["direction"] == "h2d" else "D2H copies to"
-        peak = f" ({row['pct_of_peak']:.0f}% of {row['link']})" if row["pct_of_peak"] is not None else ""
+        per_step = row["exposed_ns"] / steps[row["rank"]] if steps.get(row["rank"]) else None
+        if per_step is not None and per_step < MIN_STAKE_NS:
+            continue
+        flagged.setdefault(row["direction"], []).append({**row, "per_step": per_step})
+    for direction, rows in flagged.items():
+        worst = max(rows, key=lambda r: (r["per_step"] or 0, r["bytes"]))
+        ranks = tuple(sorted(r["rank"] for r in rows))
+        what = "H2D copies from" if direction == "h2d" else "D2H copies to"
+        peak = f" ({worst['pct_of_peak']:.0f}% of {worst['link']})" if worst["pct_of_peak"] is not None else ""
+        cost = f", {duration(worst['per_step'])} per step" if worst["per_step"] is not None else ""
         yield Finding(
             Severity.WARNING,
             "copies.pageable",
-            f"{what} pageable memory on rank {row['rank']}: {row['bytes'] / 1e9:.2f} GB at "
-            f"{row['bandwidth_gbps']:.1f} GB/s{peak}: pin host memory",
-            {"rank": row["rank"], "direction": row["direction"], "bytes": row["bytes"], "count": row["count"],
-             "bandwidth_gbps": row["bandwidth_gbps"], "pct_of_peak": row["pct_of_peak"]},
+            f"{ranks_phrase(ranks)}: {what} pageable memory: {worst['bytes'] / 1e9:.2f} GB at "
+            f"{worst['bandwidth_gbps']:.1f} GB/s{peak}{cost}: pin host memory",
+            {"ranks": list(ranks), "direction": direction, "worst_rank": worst["rank"], "bytes": worst["bytes"],
+             "count": worst["count"], "bandwidth_gbps": worst["bandwidth_gbps"], "pct_of_peak": worst["pct_of_peak"],
+             "exposed_ns_per_step": None if worst["per_step"] is None else round(worst["per_step"])},
+            ranks=ranks,
+            time_at_stake_ns=None if worst["per_step"] is None else round(worst["per_step"]),
         )

@@ -51,13 +51,18 @@ class Finding:
     """One plain statement, its severity, the rule that made it and the numbers behind it.
 
     ``evidence`` holds JSON-ready scalars (ints, floats, strings, lists of them) so the summary,
-    the dashboard and the CI gate can show or compare them without recomputing.
+    the dashboard and the CI gate can show or compare them without recomputing. ``ranks``: the
+    ranks the statement is about (one finding per cause, grouped across ranks).
+    ``time_at_stake_ns``: the step time the cause costs, per step (on the worst of those ranks,
+    averaged over the profiled steps); None for findings that are not about time (memory).
     """
 
     severity: Severity
     rule: str
     message: str
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    ranks: tuple[int, ...] = ()
+    time_at_stake_ns: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,7 +70,32 @@ class Finding:
             "rule": self.rule,
             "message": self.message,
             "evidence": dict(self.evidence),
+            "ranks": list(self.ranks),
+            "time_at_stake_ns": self.time_at_stake_ns,
         }
+
+
+MIN_STAKE_NS = 1_000_000
+"""The absolute floor beside every relative threshold: a cause costing less than 1 ms per step is
+not a finding, whatever its share (0.19 ms of a 19.9 ms step is noise, not a straggler)."""
+
+
+def ranks_phrase(ranks: Iterable[int]) -> str:
+    """``rank 3``, ``ranks 1, 3, 4`` or ``ranks 0-7, 9``: runs of three or more consecutive
+    ranks are written as a range."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"{ordered[i]}-{ordered[j]}")
+        else:
+            parts.extend(str(r) for r in ordered[i:j + 1])
+        i = j + 1
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(parts)
 
 
 RuleFunc = Callable[[Results], Iterable[Finding]]
@@ -97,8 +127,15 @@ def rule(rule_id: str, *, needs: tuple[str, ...]) -> Callable[[RuleFunc], RuleFu
     return register
 
 
+def order_key(finding: Finding) -> tuple[int, int, int, str]:
+    """The report order: the most time at stake first, findings that are not about time after
+    the timed ones, then by severity and rule id."""
+    stake = finding.time_at_stake_ns
+    return (stake is None, -(stake or 0), finding.severity.rank, finding.rule)
+
+
 def evaluate(results: Results, rules: Iterable[Rule] | None = None) -> list[Finding]:
-    """Run every applicable rule over ``results``; most severe first, then by rule id.
+    """Run every applicable rule over ``results``, in :func:`order_key` order (time at stake).
 
     A rule whose needed sections are missing or :class:`Absent` is skipped: there is nothing
     to judge. A rule that yields a finding under another rule's id is a bug and raises.
@@ -116,5 +153,5 @@ def evaluate(results: Results, rules: Iterable[Rule] | None = None) -> list[Find
             if finding.rule != r.id:
                 raise ValueError(f"rule {r.id!r} yielded a finding for {finding.rule!r}")
             found.append(finding)
-    found.sort(key=lambda f: (f.severity.rank, f.rule))
+    found.sort(key=order_key)
     return found

@@ -12,6 +12,7 @@ import pyarrow as pa
 from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.breakdown import GPU_KINDS_SQL, gpu_cte, window_ctes
 from stepscope.analysis.cache import cached_frame
+from stepscope.analysis.parts import SYNC_WAIT
 from stepscope.analysis.quantiles import median_sql, quantile_sql
 from stepscope.analysis.sections import SQLStore
 
@@ -56,34 +57,88 @@ def top_kernels(store: SQLStore, run: str, n: int = 20, ranks: Sequence[int] | N
     return store.sql(query, {"run": run, "n": int(n), **extra})
 
 
+_THREAD = "coalesce(e.pid::VARCHAR, '') || '/' || coalesce(e.tid::VARCHAR, e.thread_label, '')"
+"""A host event's thread: process and thread id, or the thread's label where the trace gave a
+string id (older traces), so that nesting is found on every trace."""
+
+
 @cached_frame("top_cpu_ops")
 def top_cpu_ops(store: SQLStore, run: str, n: int = 20, ranks: Sequence[int] | None = None) -> pa.Table:
     """The ``n`` CPU operators (``cpu_op`` events, grouped by name) with the most total time.
 
-    Times are inclusive (an op's time contains the ops it calls), as the trace records them.
-    Columns: ``run, rank, rank_in_rank, name, category, count, total_ns, mean_ns, max_ns,
-    share_of_steps_pct`` (over the summed ProfilerStep CPU windows; null without steps).
-    Counted: ops that start inside a profiled step when the rank has steps, all ops otherwise.
+    ``total_ns`` is inclusive (an op's time contains the ops it calls), as the trace records
+    it; ``self_ns`` excludes the time of the ops it calls directly (its children: the ``cpu_op``
+    events nested in it on its thread); ``sync_ns`` is the time it spends blocked in device
+    synchronisation calls (the host part ``sync_wait``'s calls, at any depth below it): an op
+    that is mostly ``sync_ns`` waits for the GPU, it does not compute. ``ProfilerStep#N`` (a
+    ``cpu_op`` in older traces) is the step, not an operator, and is left out.
+    Columns: ``run, rank, rank_in_rank, name, category, count, total_ns, self_ns, sync_ns,
+    mean_ns, max_ns, share_of_steps_pct`` (over the summed ProfilerStep CPU windows; null
+    without steps). Counted: ops that start inside a profiled step when the rank has steps, all
+    ops otherwise.
     """
     rf, extra = rank_filter(ranks)
     query = f"""
     WITH _step_time AS (
         SELECT rank, sum(dur_ns) AS step_ns FROM steps WHERE run = $run AND {rf} GROUP BY rank
     ),
-    _agg AS (
-        SELECT e.rank, e.name, any_value(e.category) AS category, count(*) AS count,
-               sum(e.dur_ns)::BIGINT AS total_ns, avg(e.dur_ns) AS mean_ns, max(e.dur_ns) AS max_ns
-        FROM events e LEFT JOIN _step_time st USING (rank)
+    _ops AS MATERIALIZED (
+        SELECT row_number() OVER (ORDER BY e.rank, e.source, e.pid, e.tid, e.ts_ns, e.dur_ns DESC) AS op_id,
+               e.rank, e.source, {_THREAD} AS thread, e.name, e.category, e.ts_ns, e.dur_ns, e.step
+        FROM events e
         WHERE e.run = $run AND e.kind = 'cpu_op' AND e.dur_ns IS NOT NULL AND {rf}
-          AND (st.rank IS NULL OR e.step IS NOT NULL)
-        GROUP BY e.rank, e.name
+          AND e.name NOT LIKE 'ProfilerStep#%'
+    ),
+    _marks AS (
+        SELECT op_id, rank, source, thread, ts_ns AS t, 1 AS d, 1 AS is_start FROM _ops
+        UNION ALL SELECT op_id, rank, source, thread, ts_ns + dur_ns, -1, 0 FROM _ops
+    ),
+    _depth AS (
+        -- ops open when each op starts (an end at the same instant closes first): its depth
+        SELECT op_id, is_start, sum(d) OVER (PARTITION BY rank, source, thread ORDER BY t, is_start, op_id
+                                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS open_before
+        FROM _marks
+    ),
+    _nested AS (
+        SELECT o.*, coalesce(dp.open_before, 0) AS depth
+        FROM _ops o JOIN _depth dp ON dp.op_id = o.op_id AND dp.is_start = 1
+    ),
+    _parent AS (
+        SELECT c.op_id, c.dur_ns, p.op_id AS parent_id
+        FROM _nested c ASOF JOIN _nested p
+          ON p.rank = c.rank AND p.source = c.source AND p.thread = c.thread AND p.depth = c.depth - 1
+         AND p.op_id < c.op_id
+    ),
+    _children AS (SELECT parent_id AS op_id, sum(dur_ns) AS child_ns FROM _parent GROUP BY parent_id),
+    _syncs AS (
+        SELECT rank, source, {_THREAD} AS thread, ts_ns, dur_ns FROM events e
+        WHERE run = $run AND {rf} AND dur_ns > 0 AND kind IN ('cuda_runtime', 'cuda_driver') AND ({SYNC_WAIT.claims[0]})
+    ),
+    _sync_in AS (
+        SELECT o.op_id, sum(least(o.ts_ns + o.dur_ns, s.ts_ns + s.dur_ns) - greatest(o.ts_ns, s.ts_ns)) AS sync_ns
+        FROM _ops o JOIN _syncs s
+          ON s.rank = o.rank AND s.source = o.source AND s.thread = o.thread
+         AND s.ts_ns < o.ts_ns + o.dur_ns AND s.ts_ns + s.dur_ns > o.ts_ns
+        GROUP BY o.op_id
+    ),
+    _agg AS (
+        SELECT o.rank, o.name, any_value(o.category) AS category, count(*) AS count,
+               sum(o.dur_ns)::BIGINT AS total_ns,
+               sum(greatest(o.dur_ns - coalesce(c.child_ns, 0), 0))::BIGINT AS self_ns,
+               coalesce(sum(y.sync_ns), 0)::BIGINT AS sync_ns,
+               avg(o.dur_ns) AS mean_ns, max(o.dur_ns) AS max_ns
+        FROM _ops o LEFT JOIN _step_time st USING (rank)
+        LEFT JOIN _children c ON c.op_id = o.op_id
+        LEFT JOIN _sync_in y ON y.op_id = o.op_id
+        WHERE st.rank IS NULL OR o.step IS NOT NULL
+        GROUP BY o.rank, o.name
     ),
     _ranked AS (
         SELECT *, row_number() OVER (PARTITION BY rank ORDER BY total_ns DESC, name) AS rank_in_rank
         FROM _agg
     )
-    SELECT $run AS run, r.rank, r.rank_in_rank, r.name, r.category, r.count, r.total_ns, r.mean_ns,
-           r.max_ns, 100.0 * r.total_ns / st.step_ns AS share_of_steps_pct
+    SELECT $run AS run, r.rank, r.rank_in_rank, r.name, r.category, r.count, r.total_ns, r.self_ns, r.sync_ns,
+           r.mean_ns, r.max_ns, 100.0 * r.total_ns / st.step_ns AS share_of_steps_pct
     FROM _ranked r LEFT JOIN _step_time st USING (rank)
     WHERE r.rank_in_rank <= $n
     ORDER BY r.rank, r.rank_in_rank

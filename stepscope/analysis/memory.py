@@ -5,10 +5,13 @@ Everything comes from the ``[memory]`` events that ``profile_memory=True`` recor
 ``memory_snapshot``. Definitions (docs/ANALYSIS.md, "Memory"):
 
 - ``total_allocated`` / ``total_reserved`` are the allocator's own counters after each event,
-  per device (``device_type`` 0 CPU, 1 CUDA, as recorded).
+  per device (``device_type`` as Kineto writes it, named and classed as host or accelerator
+  memory by :mod:`stepscope.analysis.devices`: 0 CPU, 1 CUDA, 6 HIP, ...). Events without the
+  counters (older traces) get ``total_allocated`` rebuilt from their ``Bytes`` deltas
+  (:func:`memory_cte`).
 - A step's peak is its event with the largest ``total_allocated`` (the earliest on ties), the
   step being the ``ProfilerStep`` the event falls in. ``capacity_bytes`` is the traced GPU's
-  ``totalGlobalMem`` (CUDA devices only).
+  ``totalGlobalMem`` (accelerator devices only).
 - An *allocation* is an event with ``bytes > 0``; it is freed by the next event at the same
   ``addr`` on the same device when that one has ``bytes < 0``; it is live at ``t`` when it was
   allocated at or before ``t`` and not freed by then. Allocations made before the trace began
@@ -32,7 +35,8 @@ import pyarrow as pa
 from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
-from stepscope.analysis.findings import Finding, Results, Severity, rule
+from stepscope.analysis.devices import accelerator_sql, name_sql
+from stepscope.analysis.findings import Finding, Results, Severity, ranks_phrase, rule
 from stepscope.analysis.phase import phase_cte
 from stepscope.analysis.sections import SQLStore, section
 
@@ -47,6 +51,32 @@ def _params(run: str, ranks: Sequence[int] | None, column: str = "rank") -> tupl
     return predicate, {"run": run, **params}
 
 
+def memory_cte(ranks_sql: str, out: str = "mem_events") -> str:
+    """CTE ``out``: the run's ``[memory]`` events (``memory`` table, ranks of ``ranks_sql``) with
+    ``total_allocated`` rebuilt from the ``Bytes`` deltas on devices whose events carry no totals
+    (older traces): the running sum of ``bytes`` in time order, raised so that its minimum is 0
+    (frees of memory allocated before the trace began would take it below). ``rebuilt`` says
+    which; ``total_reserved`` stays null there (deltas say nothing about the allocator's cache).
+    Also ``device_name`` and ``accelerator`` (:mod:`stepscope.analysis.devices`)."""
+    return f"""
+{out}_raw AS (
+  SELECT *, row_number() OVER (ORDER BY rank, source, ts_ns, addr, bytes) AS mid,
+         count(total_allocated) OVER d = 0 AS rebuilt,
+         sum(bytes) OVER (PARTITION BY source, device_type, device ORDER BY ts_ns, addr, bytes
+                          ROWS UNBOUNDED PRECEDING) AS running
+  FROM memory WHERE run = $run AND {ranks_sql}
+  WINDOW d AS (PARTITION BY source, device_type, device)
+),
+{out} AS (
+  SELECT * EXCLUDE (total_allocated, running),
+         CASE WHEN rebuilt THEN (running - least(0, min(running) OVER d))::BIGINT ELSE total_allocated END
+           AS total_allocated,
+         {name_sql("device_type")} AS device_name, {accelerator_sql("device_type")} AS accelerator
+  FROM {out}_raw
+  WINDOW d AS (PARTITION BY source, device_type, device)
+)"""
+
+
 @cached_frame("memory_timeline")
 def memory_timeline(store: SQLStore, run: str, ranks: Sequence[int] | None = None,
                     *, max_points: int | None = 2000) -> pa.Table:
@@ -59,14 +89,16 @@ def memory_timeline(store: SQLStore, run: str, ranks: Sequence[int] | None = Non
     ranks_sql, params = _params(run, ranks)
     if max_points is None:
         query = f"""
-SELECT run, rank, device_type, device, ts_ns, total_allocated, total_reserved
-FROM memory WHERE run = $run AND {ranks_sql}
+WITH {memory_cte(ranks_sql)}
+SELECT run, rank, device_type, device_name, accelerator, device, ts_ns, total_allocated, total_reserved, rebuilt
+FROM mem_events
 ORDER BY rank, device_type, device, ts_ns"""
         return store.sql(query, params)
     query = f"""
-WITH m AS (
+WITH {memory_cte(ranks_sql)},
+m AS (
   SELECT *, min(ts_ns) OVER s AS t_first, max(ts_ns) OVER s AS t_last
-  FROM memory WHERE run = $run AND {ranks_sql}
+  FROM mem_events
   WINDOW s AS (PARTITION BY rank, device_type, device)
 ),
 b AS (
@@ -74,18 +106,18 @@ b AS (
                  ELSE least($n - 1, ((ts_ns - t_first) * $n) // (t_last - t_first + 1)) END AS bucket
   FROM m
 )
-SELECT any_value(run) AS run, rank, device_type, device, arg_max(ts_ns, total_allocated) AS ts_ns,
-       max(total_allocated) AS total_allocated, max(total_reserved) AS total_reserved
+SELECT any_value(run) AS run, rank, device_type, any_value(device_name) AS device_name,
+       any_value(accelerator) AS accelerator, device, arg_max(ts_ns, total_allocated) AS ts_ns,
+       max(total_allocated) AS total_allocated, max(total_reserved) AS total_reserved,
+       bool_or(rebuilt) AS rebuilt
 FROM b GROUP BY rank, device_type, device, bucket
 ORDER BY rank, device_type, device, ts_ns"""
     return store.sql(query, {**params, "n": int(max_points)})
 
 
 _ALLOCS_CTES = """
-mem AS MATERIALIZED (
-  SELECT row_number() OVER (ORDER BY rank, source, ts_ns, addr, bytes) AS mid, *
-  FROM memory WHERE run = $run AND {ranks_sql}
-),
+{memory},
+mem AS MATERIALIZED (SELECT * FROM mem_events),
 allocs AS MATERIALIZED (
   SELECT * FROM (
     SELECT mid, run, rank, source, device_type, device, step, addr, bytes, ts_ns AS alloc_ts_ns,
@@ -133,10 +165,8 @@ def step_peaks(store: SQLStore, run: str, ranks: Sequence[int] | None = None) ->
     """
     ranks_sql, params = _params(run, ranks)
     query = f"""
-WITH mem AS (
-  SELECT row_number() OVER (ORDER BY rank, source, ts_ns, addr, bytes) AS mid, *
-  FROM memory WHERE run = $run AND {ranks_sql}
-),
+WITH {memory_cte(ranks_sql)},
+mem AS (SELECT * FROM mem_events),
 ranked AS (
   SELECT *, row_number() OVER w_desc AS rn,
          max(total_reserved) OVER w AS peak_reserved_bytes, min(total_allocated) OVER w AS min_allocated_bytes,
@@ -146,8 +176,9 @@ ranked AS (
          w_desc AS (PARTITION BY rank, device_type, device, step ORDER BY total_allocated DESC, ts_ns, mid)
 ),
 peaks AS MATERIALIZED (
-  SELECT mid AS point_id, run, rank, source, device_type, device, step, events, bytes,
-         total_allocated AS peak_allocated_bytes, ts_ns AS peak_ts_ns, peak_reserved_bytes, min_allocated_bytes
+  SELECT mid AS point_id, run, rank, source, device_type, device_name, accelerator, device, step, events, bytes,
+         total_allocated AS peak_allocated_bytes, ts_ns AS peak_ts_ns, peak_reserved_bytes, min_allocated_bytes,
+         rebuilt
   FROM ranked WHERE rn = 1
 ),
 peak_points AS (SELECT point_id, source, peak_ts_ns AS ts_ns, bytes, device FROM peaks),
@@ -155,17 +186,20 @@ peak_points AS (SELECT point_id, source, peak_ts_ns AS ts_ns, bytes, device FROM
 {_stack_cte('peak_threads', 'peak_stack')},
 {phase_cte('peak_threads', 'peak_phase')},
 cap AS (SELECT source, gpu_memory_bytes FROM sources WHERE run = $run)
-SELECT p.run, p.rank, p.device_type, p.device, p.step, p.events, p.peak_allocated_bytes, p.peak_ts_ns,
-       p.peak_reserved_bytes, p.min_allocated_bytes,
-       CASE WHEN p.device_type = 1 THEN c.gpu_memory_bytes END AS capacity_bytes,
-       100.0 * p.peak_allocated_bytes / CASE WHEN p.device_type = 1 THEN c.gpu_memory_bytes END
+SELECT p.run, p.rank, p.device_type, p.device_name, p.accelerator, p.device, p.step, p.events,
+       p.peak_allocated_bytes, p.peak_ts_ns, p.peak_reserved_bytes, p.min_allocated_bytes, p.rebuilt,
+       CASE WHEN p.accelerator THEN c.gpu_memory_bytes END AS capacity_bytes,
+       100.0 * p.peak_allocated_bytes / CASE WHEN p.accelerator THEN c.gpu_memory_bytes END
          AS peak_allocated_pct,
-       100.0 * p.peak_reserved_bytes / CASE WHEN p.device_type = 1 THEN c.gpu_memory_bytes END
+       100.0 * p.peak_reserved_bytes / CASE WHEN p.accelerator THEN c.gpu_memory_bytes END
          AS peak_reserved_pct,
        ph.phase, s.ops AS ops_at_peak,
-       CASE WHEN p.device_type <> 1 THEN 'host memory: no device capacity'
-            WHEN c.gpu_memory_bytes IS NULL THEN 'the trace records no device memory size (deviceProperties)'
-       END AS absent_reason
+       nullif(concat_ws('; ',
+         CASE WHEN NOT p.accelerator THEN 'host memory: no device capacity'
+              WHEN c.gpu_memory_bytes IS NULL THEN 'the trace records no device memory size (deviceProperties)' END,
+         CASE WHEN p.rebuilt THEN 'no Total Allocated/Reserved in these [memory] events: allocated memory rebuilt '
+                                   || 'from the Bytes deltas (since the trace began), reserved unknown' END), '')
+         AS absent_reason
 FROM peaks p
 LEFT JOIN cap c USING (source)
 LEFT JOIN peak_phase ph USING (point_id)
@@ -210,7 +244,7 @@ def live_at_peak(store: SQLStore, run: str, ranks: Sequence[int] | None = None, 
     allocated and freed, the ops that allocated it (outermost first), and its role."""
     ranks_sql, params = _params(run, ranks)
     query = f"""
-WITH {_ALLOCS_CTES.format(ranks_sql=ranks_sql)},
+WITH {_ALLOCS_CTES.format(memory=memory_cte(ranks_sql))},
 {_ROLE_CTES},
 {_PEAK_CTE},
 live AS (
@@ -242,7 +276,7 @@ def largest_allocations(store: SQLStore, run: str, ranks: Sequence[int] | None =
     lifetime (null ``free_ts_ns``: not freed inside the trace) and the ops that made them."""
     ranks_sql, params = _params(run, ranks)
     query = f"""
-WITH {_ALLOCS_CTES.format(ranks_sql=ranks_sql)},
+WITH {_ALLOCS_CTES.format(memory=memory_cte(ranks_sql))},
 ranked AS (
   SELECT *, row_number() OVER (PARTITION BY rank, device_type, device ORDER BY bytes DESC, alloc_ts_ns) AS size_rank
   FROM allocs
@@ -279,7 +313,7 @@ def roles_at_peak(store: SQLStore, run: str, ranks: Sequence[int] | None = None)
     if not _has_roles(store, ranks_sql, params):
         return Absent(NO_ROLES)
     query = f"""
-WITH {_ALLOCS_CTES.format(ranks_sql=ranks_sql)},
+WITH {_ALLOCS_CTES.format(memory=memory_cte(ranks_sql))},
 {_ROLE_CTES},
 {_PEAK_CTE},
 live AS (
@@ -330,7 +364,7 @@ def role_allocations(store: SQLStore, run: str, ranks: Sequence[int] | None = No
     if not _has_roles(store, ranks_sql, params):
         return Absent(NO_ROLES)
     query = f"""
-WITH {_ALLOCS_CTES.format(ranks_sql=ranks_sql)},
+WITH {_ALLOCS_CTES.format(memory=memory_cte(ranks_sql))},
 {_ROLE_CTES}
 SELECT $run AS run, a.rank, a.device_type, a.device, a.step, coalesce(r.role, 'other') AS role,
        count(*) AS allocations, sum(a.bytes)::BIGINT AS bytes
@@ -433,8 +467,8 @@ batch or fragmentation: the next run may run out of memory."""
 
 @rule("memory.near_capacity", needs=("memory",))
 def near_capacity_rule(results: Results) -> Iterator[Finding]:
-    """Allocated or reserved memory peaks at 90% or more of the device's capacity (once per rank
-    and device, at its highest step peak)."""
+    """Allocated or reserved memory peaks at 90% or more of the device's capacity (at each rank's
+    highest step peak; one finding over the ranks where it holds, with the worst peak)."""
     result = results["memory"]
     assert isinstance(result, MemoryResult)
     worst: dict[tuple[int, int | None], dict] = {}
@@ -445,16 +479,21 @@ def near_capacity_rule(results: Results) -> Iterator[Finding]:
         key = (row["rank"], row["device"])
         if key not in worst or pct > worst[key]["pct"]:
             worst[key] = {**row, "pct": pct}
-    for (rank, device), row in sorted(worst.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
-        where = f" in {row['phase']}" if row["phase"] and row["phase"] != "other" else ""
-        step = f" step {row['step']}" if row["step"] is not None else ""
-        yield Finding(
-            Severity.WARNING,
-            "memory.near_capacity",
-            f"memory peak {row['peak_allocated_pct']:.0f}% of device capacity allocated, "
-            f"{row['peak_reserved_pct']:.0f}% reserved{where} (rank {rank}, GPU {device}{step})",
-            {"rank": rank, "device": device, "step": row["step"], "phase": row["phase"],
-             "peak_allocated_bytes": row["peak_allocated_bytes"], "peak_reserved_bytes": row["peak_reserved_bytes"],
-             "capacity_bytes": row["capacity_bytes"], "peak_allocated_pct": row["peak_allocated_pct"],
-             "peak_reserved_pct": row["peak_reserved_pct"]},
-        )
+    if not worst:
+        return
+    row = max(worst.values(), key=lambda r: r["pct"])
+    ranks = tuple(sorted({rank for rank, _ in worst}))
+    where = f" in {row['phase']}" if row["phase"] and row["phase"] != "other" else ""
+    step = f" step {row['step']}" if row["step"] is not None else ""
+    yield Finding(
+        Severity.WARNING,
+        "memory.near_capacity",
+        f"{ranks_phrase(ranks)}: memory peaks at {row['peak_allocated_pct']:.0f}% of device capacity allocated, "
+        f"{row['peak_reserved_pct']:.0f}% reserved{where} (worst: rank {row['rank']}, GPU {row['device']}{step}, "
+        f"{row['peak_allocated_bytes'] / 1024**3:.2f} of {row['capacity_bytes'] / 1024**3:.2f} GiB)",
+        {"ranks": list(ranks), "rank": row["rank"], "device": row["device"], "step": row["step"],
+         "phase": row["phase"], "peak_allocated_bytes": row["peak_allocated_bytes"],
+         "peak_reserved_bytes": row["peak_reserved_bytes"], "capacity_bytes": row["capacity_bytes"],
+         "peak_allocated_pct": row["peak_allocated_pct"], "peak_reserved_pct": row["peak_reserved_pct"]},
+        ranks=ranks,
+    )

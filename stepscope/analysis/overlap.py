@@ -7,4 +7,4 @@ converter, which stores each rank's copies with it at ingest; it is re-exported 
 
 from __future__ import annotations
 
-from stepscope.rankstats.sweep import hidden_ctes  # noqa: F401 - re-exported
+from stepscope.rankstats.sweep import COMPUTE_KERNELS_SQL, hidden_ctes  # noqa: F401 - re-exported

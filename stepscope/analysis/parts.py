@@ -2,8 +2,8 @@
 
 A step's window is cut into disjoint **parts** that sum to its duration exactly: on the GPU
 (:data:`GPU`: compute, exposed communication, exposed copies by direction, exposed memsets,
-idle) and on the host (:data:`HOST`: data loading, optimizer, compute ops, exposed
-communication ops, other). Everything that names a part takes it from here: the breakdown SQL
+idle) and on the host (:data:`HOST`: data loading, optimizer, blocked in synchronisation,
+compute ops, exposed communication ops, other). Everything that names a part takes it from here: the breakdown SQL
 (:mod:`stepscope.analysis.breakdown` generates its class ``CASE``, its exclusive filters and
 its sums by iterating a :class:`Breakdown`), the summary's keys and its terminal columns, the
 dashboard's labels and colours, the compare metrics and budget names, and the tables of
@@ -19,7 +19,8 @@ Three kinds of entry, by where their time comes from:
   claims nothing: it is the time when no class is active (idle, other). Adding a class of
   events is therefore one entry here, at its place in the priority order.
 - A **sub-part** (``Part.sub_parts``) splits one part's time by a rule computed after the
-  sweep (idle by HTA's causes, from the gaps between GPU work): the rule is the SQL that
+  sweep (idle by HTA's causes, from the gaps between GPU work; exposed communication into
+  waiting for peers and transfer, from the collectives matched across ranks): the rule is the SQL that
   :data:`stepscope.analysis.breakdown.SPLITS` registers for the part. Sub-parts sum exactly to
   their part, so the part keeps its column and its budget metric, and the step's leaves
   (:meth:`Breakdown.leaves`: parts with their sub-parts expanded) still sum to the step.
@@ -177,9 +178,19 @@ def _category(name: str) -> str:
 COMPUTE = Part(
     "compute", "compute", "a compute kernel runs (`category = compute`)",
     color="#4C78A8", short="compute", claims=(_category("compute"),), budget_metric="compute")
+COMM_WAIT = Part(
+    "comm_wait", "communication: waiting for peers",
+    "exposed communication while the rank waits inside a collective for its last peer to arrive "
+    "(per matched instance: from its start to the latest peer start, at most its duration)",
+    color="#FF9DA6", short="(wait)", budget_metric="comm_wait")
+COMM_TRANSFER = Part(
+    "comm_transfer", "communication: transfer",
+    "the rest of exposed communication (all of it when no peer's trace was matched)",
+    color="#E45756", short="(transfer)", budget_metric="comm_transfer")
 COMM_EXPOSED = Part(
     "comm_exposed", "exposed communication", "a communication kernel runs, no compute",
-    color="#E45756", short="comm", claims=(_category("communication"),), budget_metric="comm_exposed")
+    color="#C2383A", short="comm", claims=(_category("communication"),), budget_metric="comm_exposed",
+    sub_parts=(COMM_WAIT, COMM_TRANSFER))
 MEMCPY_H2D_EXPOSED = Part(
     "memcpy_h2d_exposed", "exposed H2D copies", "an H2D copy runs, no compute or communication",
     color="#F58518", short="h2d", claims=(_category("memcpy_h2d"),), budget_metric="memcpy_h2d_exposed")
@@ -241,14 +252,33 @@ OPTIMIZER = Part(
     "an `Optimizer.step#...` or `Optimizer.zero_grad#...` annotation is open, none of the above",
     color="#B279A2", short="optimizer",
     claims=("name LIKE 'Optimizer.step#%' OR name LIKE 'Optimizer.zero_grad#%'",))
+SYNC_WAIT = Part(
+    "sync_wait", "blocked in synchronisation",
+    "the host blocks in a device synchronisation (`cudaStreamSynchronize`, `cudaDeviceSynchronize`, "
+    "`cudaEventSynchronize`, their `hip` and driver twins, polls), none of the above: the op that "
+    "called it waits for the GPU",
+    color="#9D755D", short="sync",
+    claims=("kind IN ('cuda_runtime', 'cuda_driver') AND (category = 'sync' OR "
+            "regexp_matches(name, '^cu(Ctx|Stream|Event)Synchronize')) AND name NOT LIKE '%StreamWaitEvent'",))
 COMPUTE_OPS = Part(
-    "compute_ops", "compute ops", "any other CPU op runs, none of the above",
-    color="#4C78A8", short="compute ops", claims=("kind = 'cpu_op' AND category IS DISTINCT FROM 'communication'",))
+    "compute_ops", "compute ops", "any other CPU op runs (ProfilerStep#N itself excepted), none of the above",
+    color="#4C78A8", short="compute ops",
+    claims=("kind = 'cpu_op' AND category IS DISTINCT FROM 'communication' AND name NOT LIKE 'ProfilerStep#%'",))
+COMMUNICATION_WAIT = Part(
+    "communication_wait", "host communication: waiting for peers",
+    "exposed host communication while a host-side transfer (gloo) waits for its last peer to arrive "
+    "(as `comm_wait` on the GPU)",
+    color="#FF9DA6", short="(wait)")
+COMMUNICATION_TRANSFER = Part(
+    "communication_transfer", "host communication: transfer and enqueueing",
+    "the rest of exposed host communication: the transfer itself, or enqueueing a GPU collective",
+    color="#E45756", short="(transfer)")
 COMMUNICATION_OPS = Part(
     "communication_ops", "exposed communication ops",
     "a communication op or annotation runs (`c10d::...`, `gloo:...`, `nccl:...`; store category "
     "`communication`), none of the above: exposed host communication",
-    color="#E45756", short="comm ops", claims=("category = 'communication'",))
+    color="#C2383A", short="comm ops", claims=("category = 'communication'",),
+    sub_parts=(COMMUNICATION_WAIT, COMMUNICATION_TRANSFER))
 OTHER = Part(
     "other", "other (no op running)", "none of these on any thread (Python, framework overhead, waiting)",
     color="#D3D3D3", short="other")
@@ -259,10 +289,14 @@ COMMUNICATION_OVERLAPPED = Hidden("communication_overlapped", "communication ops
 
 HOST = Breakdown(
     "host",
-    kinds=("cpu_op", "user_annotation", "python_function"),
-    parts=(DATA_LOADING, OPTIMIZER, COMPUTE_OPS, COMMUNICATION_OPS, OTHER),
+    kinds=("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver"),
+    parts=(DATA_LOADING, OPTIMIZER, SYNC_WAIT, COMPUTE_OPS, COMMUNICATION_OPS, OTHER),
     hidden=(COMMUNICATION_OVERLAPPED,),
 )
 """Host (CPU) time of a ProfilerStep over the union of all the rank's threads."""
+
+PEER_WAITS: tuple[Part, ...] = (COMM_WAIT, COMMUNICATION_WAIT)
+"""The sub-parts that are time waiting for peers inside collectives: known only where a rank's
+collectives were matched with another traced rank's (their parts are then split, else whole)."""
 
 BREAKDOWNS: tuple[Breakdown, ...] = (GPU, HOST)

@@ -52,7 +52,7 @@ class Section:
 
 
 SECTIONS: dict[str, Section] = {}
-_RESERVED = {"run", "findings", "absent_reasons"}
+_RESERVED = {"run", "findings", "verdict", "absent_reasons"}
 
 
 def section(name: str, *, order: int, to_json: ToJsonFunc) -> Callable[[ComputeFunc], ComputeFunc]:

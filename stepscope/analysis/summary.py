@@ -22,11 +22,24 @@ from stepscope.analysis.breakdown import (
     rank_totals,
     step_breakdown,
 )
-from stepscope.analysis.findings import Finding, Results, Severity, evaluate, rule
+from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, evaluate, ranks_phrase, rule
 from stepscope.analysis.kernels import launch_overhead, step_stats, top_cpu_ops, top_kernels
-from stepscope.analysis.parts import DATA_LOADING, GPU, HOST, IDLE, IDLE_HOST_WAIT, IDLE_KERNEL_WAIT, IDLE_OTHER
+from stepscope.analysis.matching import NO_MATCH, clock_offsets
+from stepscope.analysis.parts import (
+    DATA_LOADING,
+    GPU,
+    HOST,
+    IDLE,
+    IDLE_HOST_WAIT,
+    IDLE_KERNEL_WAIT,
+    IDLE_OTHER,
+    PEER_WAITS,
+    Part,
+)
 from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore, compute_sections, section
+from stepscope.analysis.verdict import verdict
+from stepscope.render.units import duration
 
 SUMMARY_VERSION = 1
 """Bumped when a key of the summary JSON changes meaning or disappears (adding keys does not)."""
@@ -62,6 +75,8 @@ class RanksResult:
     totals: pa.Table
     totals_hta: pa.Table
     stats: pa.Table
+    matched: frozenset[int] = frozenset()
+    """Ranks with a collective matched with another traced rank's: their waits are known."""
 
 
 def _by_rank(table: pa.Table | Absent) -> dict[int, list[dict[str, Any]]]:
@@ -83,6 +98,7 @@ def ranks_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Ran
     """Per rank: every step's GPU and host breakdown, whole-trace totals (HTA definitions) and
     step-time statistics."""
     status = rank_status(store, run)
+    matched = frozenset(r["rank"] for r in clock_offsets(store, run).to_pylist() if r["instances"])
     return RanksResult(
         ranks=tuple(_present_ranks(status, ranks)),
         status=status,
@@ -91,7 +107,20 @@ def ranks_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Ran
         totals=rank_totals(store, run, ranks),
         totals_hta=rank_totals(store, run, ranks, hta_scope=True),
         stats=step_stats(store, run, ranks),
+        matched=matched,
     )
+
+
+def _unknown_waits(item: dict[str, Any]) -> None:
+    """On a rank none of whose collectives was matched, waiting cannot be told from transfer:
+    the wait split of both breakdowns is absent, not a claim of 0 waiting."""
+    for wait in PEER_WAITS:
+        parent = next(p for b in (GPU, HOST) for p in b.parts if wait in p.sub_parts)
+        target = item if parent in GPU.parts else item["host"]
+        if target.get(parent.column) is None:
+            continue
+        for sub in parent.sub_parts:
+            target[sub.column] = Absent(NO_MATCH)
 
 
 def _totals_json(row: dict[str, Any] | None, reason: str | None) -> dict[str, Any]:
@@ -143,6 +172,8 @@ def ranks_json(result: RanksResult) -> list[dict[str, Any]]:
                     item.update({key: Absent(no_gpu or NO_GPU_EVENTS) for key in GPU_STEP_KEYS})
                 item["host"] = {key: host_row[key] for key in HOST_STEP_KEYS}
                 item["host"]["dur_ns"] = host_row["dur_ns"]
+                if rank not in result.matched:
+                    _unknown_waits(item)
                 steps.append(item)
         totals_obj = _totals_json(totals.get(rank), no_gpu)
         totals_obj["hta_scope"] = _totals_json(totals_hta.get(rank), no_gpu)
@@ -209,18 +240,23 @@ def _compute_summary(store: SQLStore, run: str, ranks: Sequence[int] | None) -> 
     from stepscope.analysis.sections import all_sections
 
     results = compute_sections(store, run, ranks)
+    findings = evaluate(results)
+    ranks_result = results["ranks"]
+    assert isinstance(ranks_result, RanksResult)
     doc: dict[str, Any] = {"summary_version": SUMMARY_VERSION, "run": run}
+    doc["verdict"] = verdict(store, run, (ranks_result.breakdown, ranks_result.host), findings,
+                             clock_offsets(store, run))
     for s in all_sections():
         result = results[s.name]
         doc[s.name] = result if isinstance(result, Absent) else s.to_json(result)
-    doc["findings"] = [f.to_json() for f in evaluate(results)]
+    doc["findings"] = [f.to_json() for f in findings]
     return jsonable(doc)
 
 
 # ---- findings on the ranks section ----
 
 IDLE_WARNING_PCT = 30.0
-"""A step whose GPU is idle this share of its window or more is worth a look."""
+"""GPU idle this share of the steps or more (and 1 ms per step) is worth a look."""
 IDLE_CRITICAL_PCT = 50.0
 DATA_LOADING_WARNING_PCT = 10.0
 """Median share of the ProfilerStep the host spends inside ``enumerate(DataLoader)#...``."""
@@ -235,71 +271,142 @@ _IDLE_CAUSE_ADVICE = {
 """Advice per idle sub-part (cause); the evidence names a cause without the ``idle_`` prefix."""
 
 
+def _data_loading(ranks: RanksResult) -> dict[int, tuple[float, float]]:
+    """Ranks whose data loading is a finding: rank -> (median share of the step in %, median ns
+    per step). The median step spends 10% or more, and 1 ms or more, in the DataLoader."""
+    out: dict[int, tuple[float, float]] = {}
+    for rank, rows in sorted(_by_rank(ranks.host).items()):
+        shares = [100 * r[DATA_LOADING.column] / r["dur_ns"] for r in rows if r["dur_ns"] > 0]
+        if not shares:
+            continue
+        share, per_step = median(shares), median([r[DATA_LOADING.column] for r in rows])
+        if share >= DATA_LOADING_WARNING_PCT and per_step >= MIN_STAKE_NS:
+            out[rank] = (share, per_step)
+    return out
+
+
+def _host_busiest(rows: list[dict[str, Any]], top: int = 2) -> str:
+    """The host parts that take the most of a rank's steps (``optimizer 33%, other 38%``):
+    what the host did while the GPU waited for it."""
+    total = sum(r["dur_ns"] for r in rows)
+    if not total:
+        return ""
+    shares = sorted(((sum(r[p.column] for r in rows) / total, p) for p in HOST.leaves()), key=lambda s: -s[0])
+    return ", ".join(f"{p.label} {100 * share:.0f}%" for share, p in shares[:top] if share >= 0.05)
+
+
 @rule("gpu.idle", needs=("ranks",))
 def gpu_idle(results: Results) -> Iterator[Finding]:
-    """GPU idle for a large share of a step, with the dominant HTA cause (and the host's data
-    loading time when it is significant)."""
+    """The GPU is idle for 30% or more of steps, and 1 ms or more per step, with the dominant HTA
+    cause. Idle time the host's data loading explains is ``host.data_loading``'s finding (one
+    finding per cause): on such ranks only the idle time beyond the data loading counts here.
+    One finding per dominant cause, over the ranks where it holds."""
     ranks: RanksResult = results["ranks"]  # type: ignore[assignment]
+    loading = _data_loading(ranks)
     host = _by_rank(ranks.host)
+    flagged: dict[Part, list[dict[str, Any]]] = {}
     for rank, rows in sorted(_by_rank(ranks.breakdown).items()):
-        idle = [(100 * r[IDLE.column] / r["dur_ns"], r) for r in rows if r["dur_ns"] > 0]
-        flagged = [(pct, r) for pct, r in idle if pct >= IDLE_WARNING_PCT]
-        if not flagged:
+        rows = [r for r in rows if r["dur_ns"] > 0]
+        if not rows:
             continue
-        worst_pct, worst = max(flagged, key=lambda item: item[0])
-        causes = {c: worst[c.column] for c in IDLE.sub_parts}
+        causes = {c: sum(r[c.column] for r in rows) for c in IDLE.sub_parts}
         cause = max(causes, key=lambda c: causes[c])
-        message = (f"GPU idle {worst_pct:.0f}% of step {worst['step']} on rank {rank} "
-                   f"({len(flagged)} of {len(idle)} steps at {IDLE_WARNING_PCT:.0f}% or more), "
-                   f"{_IDLE_CAUSE_ADVICE[cause]}")
-        loading = [h[DATA_LOADING.column] for h in host.get(rank, [])]
-        data_ms = median(loading) / 1e6 if loading else 0.0
-        if cause == IDLE_HOST_WAIT and data_ms > 0:
-            message += f" (data loading {data_ms:.1f} ms/step)"
+        idle = sum(r[IDLE.column] for r in rows) / len(rows)
+        explained = loading[rank][1] if cause == IDLE_HOST_WAIT and rank in loading else 0.0
+        per_step = idle - explained
+        share = 100 * per_step * len(rows) / sum(r["dur_ns"] for r in rows)
+        if share < IDLE_WARNING_PCT or per_step < MIN_STAKE_NS:
+            continue
+        worst = max(rows, key=lambda r: r[IDLE.column] / r["dur_ns"])
+        flagged.setdefault(cause, []).append({
+            "rank": rank, "per_step": per_step, "share": share, "explained": explained, "steps": len(rows),
+            "worst_step": worst["step"], "worst_pct": 100 * worst[IDLE.column] / worst["dur_ns"],
+            **{c.column: v / len(rows) for c, v in causes.items()}})
+    for cause, rows in flagged.items():
+        worst = max(rows, key=lambda r: r["per_step"])
+        ranks_tuple = tuple(r["rank"] for r in rows)
+        beyond = " beyond what data loading explains" if worst["explained"] else ""
+        message = (f"{ranks_phrase(ranks_tuple)}: GPU idle {worst['share']:.0f}% of the step{beyond} "
+                   f"({duration(worst['per_step'])} per step; worst: rank {worst['rank']}, "
+                   f"step {worst['worst_step']} at {worst['worst_pct']:.0f}%), {_IDLE_CAUSE_ADVICE[cause]}")
+        busiest = _host_busiest(host.get(worst["rank"], []))
+        if cause == IDLE_HOST_WAIT and busiest:
+            message += f" (the host's step: {busiest})"
         yield Finding(
-            Severity.CRITICAL if worst_pct >= IDLE_CRITICAL_PCT else Severity.WARNING,
+            Severity.CRITICAL if worst["share"] >= IDLE_CRITICAL_PCT else Severity.WARNING,
             "gpu.idle",
             message,
-            {"rank": rank, "step": worst["step"], "idle_pct": round(worst_pct, 2),
-             "steps_flagged": len(flagged), "steps": len(idle), "cause": cause.name.removeprefix(f"{IDLE.name}_"),
-             **{c.column: v for c, v in causes.items()}, "data_loading_ms_per_step": round(data_ms, 3)},
+            {"ranks": list(ranks_tuple), "rank": worst["rank"], "step": worst["worst_step"],
+             "idle_pct": round(worst["share"], 2), "idle_ns_per_step": round(worst["per_step"]),
+             "worst_step_idle_pct": round(worst["worst_pct"], 2), "steps": worst["steps"],
+             "cause": cause.name.removeprefix(f"{IDLE.name}_"),
+             "data_loading_ns_per_step": round(worst["explained"]),
+             **{c.column: round(worst[c.column]) for c in IDLE.sub_parts}},
+            ranks=ranks_tuple,
+            time_at_stake_ns=round(worst["per_step"]),
         )
 
 
 @rule("host.data_loading", needs=("ranks",))
 def host_data_loading(results: Results) -> Iterator[Finding]:
-    """The host spends a large share of each step waiting for the DataLoader."""
+    """The host spends 10% or more of the median step, and 1 ms or more, waiting for the
+    DataLoader (with the GPU idle time it causes, when the run has GPU events). One finding over
+    the ranks where it holds."""
     ranks: RanksResult = results["ranks"]  # type: ignore[assignment]
-    for rank, rows in sorted(_by_rank(ranks.host).items()):
-        shares = [100 * r[DATA_LOADING.column] / r["dur_ns"] for r in rows if r["dur_ns"] > 0]
-        if not shares or median(shares) < DATA_LOADING_WARNING_PCT:
-            continue
-        median_ms = median([r[DATA_LOADING.column] for r in rows]) / 1e6
-        yield Finding(
-            Severity.WARNING,
-            "host.data_loading",
-            f"data loading takes {median(shares):.0f}% of each step on rank {rank} "
-            f"({median_ms:.1f} ms/step, median): use DataLoader workers, pinned memory and prefetching",
-            {"rank": rank, "data_loading_pct_median": round(median(shares), 2),
-             "data_loading_ms_median": round(median_ms, 3), "steps": len(shares)},
-        )
+    loading = _data_loading(ranks)
+    if not loading:
+        return
+    rank, (share, per_step) = max(loading.items(), key=lambda kv: kv[1][1])
+    gpu = _by_rank(ranks.breakdown).get(rank, [])
+    host_wait = median([r[IDLE_HOST_WAIT.column] for r in gpu]) if gpu else None
+    idle = f"; the GPU idles {duration(host_wait)} per step waiting for the host" if host_wait else ""
+    ranks_tuple = tuple(loading)
+    yield Finding(
+        Severity.WARNING,
+        "host.data_loading",
+        f"{ranks_phrase(ranks_tuple)}: data loading takes {share:.0f}% of each step ({duration(per_step)} per step, "
+        f"median{'; worst: rank ' + str(rank) if len(loading) > 1 else ''}{idle}): "
+        "use DataLoader workers, pinned memory and prefetching",
+        {"ranks": list(ranks_tuple), "rank": rank, "data_loading_pct_median": round(share, 2),
+         "data_loading_ms_median": round(per_step / 1e6, 3),
+         "gpu_host_wait_ns_median": None if host_wait is None else round(host_wait)},
+        ranks=ranks_tuple,
+        time_at_stake_ns=round(per_step),
+    )
 
 
 @rule("steps.unstable", needs=("ranks",))
 def steps_unstable(results: Results) -> Iterator[Finding]:
-    """Step times vary a lot between steps of one rank (warm-up, stalls, recompilation)."""
+    """Step times vary a lot between steps of one rank (warm-up, stalls, recompilation): three
+    or more steps, (max - min) / median of 25% or more, and steps exceeding the median by 1 ms
+    or more on average. One finding per source of step times, over the ranks where it holds."""
     ranks: RanksResult = results["ranks"]  # type: ignore[assignment]
+    durations: dict[tuple[int, str], list[int]] = {}
+    for rank, rows in _by_rank(ranks.host).items():
+        durations[(rank, "profiler_steps")] = [r["dur_ns"] for r in rows]
+    flagged: dict[str, list[dict[str, Any]]] = {}
     for row in ranks.stats.to_pylist():
         if row["steps"] < 3 or row["spread_pct"] is None or row["spread_pct"] < STEP_SPREAD_WARNING_PCT:
             continue
+        values = durations.get((row["rank"], row["source"]))
+        excess = (sum(max(0, d - row["median_ns"]) for d in values) / len(values)) if values else \
+            row["mean_ns"] - row["median_ns"]
+        if excess < MIN_STAKE_NS:
+            continue
+        flagged.setdefault(row["source"], []).append({**row, "excess": excess})
+    for source, rows in flagged.items():
+        worst = max(rows, key=lambda r: r["excess"])
+        ranks_tuple = tuple(sorted(r["rank"] for r in rows))
         yield Finding(
             Severity.WARNING,
             "steps.unstable",
-            f"step time varies by {row['spread_pct']:.0f}% on rank {row['rank']} "
-            f"(median {row['median_ns'] / 1e6:.1f} ms, min {row['min_ns'] / 1e6:.1f} ms, "
-            f"max {row['max_ns'] / 1e6:.1f} ms over {row['steps']} {row['source']}): "
-            "profile steady-state steps, look for stalls or recompilation",
-            {"rank": row["rank"], "source": row["source"], "steps": row["steps"],
-             "spread_pct": round(row["spread_pct"], 2), "median_ns": row["median_ns"],
-             "min_ns": row["min_ns"], "max_ns": row["max_ns"]},
+            f"{ranks_phrase(ranks_tuple)}: step time varies by {worst['spread_pct']:.0f}% "
+            f"(rank {worst['rank']}: median {duration(worst['median_ns'])}, min {duration(worst['min_ns'])}, "
+            f"max {duration(worst['max_ns'])} over {worst['steps']} {source}; {duration(worst['excess'])} per step above the "
+            "median): profile steady-state steps, look for stalls or recompilation",
+            {"ranks": list(ranks_tuple), "rank": worst["rank"], "source": source, "steps": worst["steps"],
+             "spread_pct": round(worst["spread_pct"], 2), "median_ns": worst["median_ns"],
+             "min_ns": worst["min_ns"], "max_ns": worst["max_ns"], "excess_ns_per_step": round(worst["excess"])},
+            ranks=ranks_tuple,
+            time_at_stake_ns=round(worst["excess"]),
         )

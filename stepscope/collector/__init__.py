@@ -1,8 +1,9 @@
 """The collector: profile real training loops straight into a stepscope store.
 
-``profile`` wraps a training loop in one ``with`` block; ``trace_handler`` plugs into a
-``torch.profiler.profile`` the user already owns. Names resolve lazily so that the conversion
-child process (``stepscope.collector.convert_job``) starts without importing torch.
+``profile`` wraps a training loop in one ``with`` block (``watch=Watch(...)`` adds captures of
+slow steps); ``trace_handler`` plugs into a ``torch.profiler.profile`` the user already owns.
+Names resolve lazily so that the conversion child process (``stepscope.collector.convert_job``)
+starts without importing torch.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ _LAZY = {
     "profile": "stepscope.collector.session",
     "TraceHandler": "stepscope.collector.handler",
     "trace_handler": "stepscope.collector.handler",
+    "Watch": "stepscope.collector.watch",
 }
 
 __all__ = list(_LAZY)

@@ -10,9 +10,11 @@ converting and writing happen in the background writer.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import torch
 from torch import nn
 
@@ -66,6 +68,7 @@ class TraceHandler:
         self.rearm_history = False
         """Restart allocator history after each snapshot: set for a bare handler, which cannot
         see when the next recorded window begins; ``stepscope.profile`` starts it per window."""
+        self._next_tables: list[tuple[str, Callable[[str], pa.Table]]] = []
 
     @property
     def sources(self) -> list[str]:
@@ -97,6 +100,10 @@ class TraceHandler:
         self.last_step = step
         self.roles.gradients(step)
 
+    def add_table_for_next_trace(self, table: str, build: Callable[[str], pa.Table]) -> None:
+        """Store ``build(source)`` as ``table`` with the next trace (e.g. its ``captures`` row)."""
+        self._next_tables.append((table, build))
+
     def start_memory_history(self) -> None:
         """Turn CUDA allocator history on ahead of a recorded window (no-op without CUDA)."""
         if self.snapshots is not None:
@@ -111,6 +118,7 @@ class TraceHandler:
                 self.policy.raise_pending()
 
     def _capture(self, prof: Any) -> None:
+        tables, self._next_tables = self._next_tables, []
         sink = self.open()
         results = finished_cycle(prof)
         cycle = self._cycle
@@ -126,11 +134,12 @@ class TraceHandler:
                 self.snapshots.start()
         self.writer.submit(
             f"writing trace {cycle} of run {sink.run_name!r} (rank {sink.rank})",
-            lambda: self._write(sink, results, cycle, roles, snapshot),
+            lambda: self._write(sink, results, cycle, roles, snapshot, tables),
         )
 
     def _write(self, sink: StoreSink, results: Any, cycle: int, roles: list[RoleRow],
-               snapshot: dict[str, Any] | None) -> None:
+               snapshot: dict[str, Any] | None,
+               tables: list[tuple[str, Callable[[str], pa.Table]]]) -> None:
         source = sink.store_trace(lambda path: save_plain(results, path), cycle)
         with self._lock:
             self._sources.append(source)
@@ -138,6 +147,8 @@ class TraceHandler:
             sink.store_table("memory_roles", source, roles_table(roles, source))
         if snapshot is not None:
             sink.store_table("memory_snapshot", source, snapshot_table(snapshot, source))
+        for table, build in tables:
+            sink.store_table(table, source, build(source))
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait (bounded) until every trace handed over so far is stored."""

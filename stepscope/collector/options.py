@@ -70,15 +70,19 @@ def activities() -> list[ProfilerActivity]:
     return found
 
 
-def profiler_kwargs(schedule: Schedule, recording: Recording) -> dict[str, Any]:
+def profiler_kwargs(schedule: Schedule, recording: Recording,
+                    actions: Callable[[int], ProfilerAction] | None = None) -> dict[str, Any]:
     """Keyword arguments for ``torch.profiler.profile`` (all but ``on_trace_ready``).
+
+    ``actions`` replaces ``schedule``'s own step -> action function (the watch's, which adds
+    capture windows to it).
 
     ``with_stack`` alone records no Python stacks in current torch; the verbose experimental
     config is what makes them appear, so it is set whenever stacks are asked for.
     """
     kwargs: dict[str, Any] = {
         "activities": activities(),
-        "schedule": schedule.torch_schedule(),
+        "schedule": schedule.torch_schedule() if actions is None else actions,
         "record_shapes": recording.record_shapes,
         "profile_memory": recording.profile_memory,
         "with_stack": recording.with_stack,

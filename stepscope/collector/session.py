@@ -10,16 +10,19 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.profiler import ProfilerAction
 
+from stepscope.collector.capture import CaptureSchedule
 from stepscope.collector.handler import TraceHandler
 from stepscope.collector.faults import FaultPolicy
 from stepscope.collector.options import PROFILING, RECORDING, Recording, Schedule, profiler_kwargs
 from stepscope.collector.step_timer import StepTimer
+from stepscope.collector.watch import Watch, watch_options
+from stepscope.collector.watcher import Watcher, start_watch
 from stepscope.collector.worker import DEFAULT_FLUSH_TIMEOUT_S
 from stepscope.store import trace_metadata
 
@@ -37,6 +40,8 @@ class Profile:
     ``convert`` is ``"process"`` (default) or ``"thread"``; ``flush_timeout_s`` bounds the wait
     for pending writes at exit; ``step_times_every_s`` is how often the step times are rewritten
     once a trace is stored; ``strict=True`` raises ``CollectorError`` instead of warning.
+    ``watch=True`` (or a ``stepscope.Watch``) watches every step and captures the steps after a
+    slow one on every rank (docs/WATCH.md); the default, None, profiles the schedule only.
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class Profile:
         convert: str = "process",
         flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
         step_times_every_s: float = 300.0,
+        watch: Watch | bool | None = None,
     ) -> None:
         self.schedule = Schedule(wait, warmup, active, repeat, skip_first)
         self.recording = Recording(record_shapes, profile_memory, with_stack, with_flops,
@@ -77,8 +83,15 @@ class Profile:
         self._step_times_due_ns: int | None = None
         self.step_num = 0
         """The step now running, numbered like ``ProfilerStep#N`` (from 0)."""
-        self._actions = self.schedule.torch_schedule()
+        self._watch = watch_options(watch)
+        self._captures = (CaptureSchedule(self.schedule.torch_schedule())
+                          if self._watch is not None else None)
+        self._actions = self._captures or self.schedule.torch_schedule()
         self._torch: torch.profiler.profile | None = None
+        self._profiler_failed = False
+        self.watcher: Watcher | None = None
+        """The watch of this rank while ``watch`` is on (its ``anomalies``, ``captures``,
+        ``not_captured``), else None."""
 
     @property
     def policy(self) -> FaultPolicy:
@@ -97,19 +110,16 @@ class Profile:
 
     def __enter__(self) -> Profile:
         with self.policy.guard("starting the profiler"):
-            sink = self.handler.open()
+            self.handler.open()
             if self._actions(0) in PROFILING:
                 self.handler.start_memory_history()
-            prof = torch.profiler.profile(**profiler_kwargs(self.schedule, self.recording),
-                                          on_trace_ready=self.handler)
-            # The exported file describes itself too (versions, host, run, tags), for when it is
-            # shared or ingested on its own; the store gets the same through ``metadata``.
-            # Encoded: Kineto turns every backslash into a slash (see store.trace_metadata).
-            prof.preset_metadata_json(trace_metadata.KEY, trace_metadata.encode(
-                {**sink.metadata, "run_name": sink.run_name, "tags": sink.tags}))
-            prof.__enter__()
-            self._torch = prof
+            self._torch = self._start_profiler(self._actions, 0)
+        if self._captures is not None and self._watch is not None:
+            self.watcher = start_watch(self._watch, self._captures, self.handler,
+                                       profiler_ok=self._torch is not None)
         self.timer.begin()
+        if self.watcher is not None:
+            self.watcher.resumed()
         return self
 
     def step(self, tokens: int | None = None, samples: int | None = None) -> None:
@@ -117,18 +127,58 @@ class Profile:
 
         Outside the profiled window this costs a clock read, a few appends and torch's own
         ``step()``; once the bounded schedule is done, torch's profiler is closed and only the
-        step timer remains (about a microsecond).
+        step timer remains (about a microsecond); the watch adds a few microseconds, and
+        opens a profiler again for each capture (docs/WATCH.md).
         """
+        self._step(tokens, samples)
+        if self.watcher is not None:
+            self.watcher.resumed()
+
+    def _start_profiler(self, actions: Callable[[int], ProfilerAction], step: int
+                        ) -> torch.profiler.profile:
+        """A torch profiler following ``actions``, entered during step ``step``: its
+        ``ProfilerStep#N`` markers number steps globally (``step_num``), also when it is opened
+        late in the run for a capture."""
+        sink = self.handler.open()
+        prof = torch.profiler.profile(**profiler_kwargs(self.schedule, self.recording, actions),
+                                      on_trace_ready=self.handler)
+        # The exported file describes itself too (versions, host, run, tags), for when it is
+        # shared or ingested on its own; the store gets the same through ``metadata``.
+        # Encoded: Kineto turns every backslash into a slash (see store.trace_metadata).
+        prof.preset_metadata_json(trace_metadata.KEY, trace_metadata.encode(
+            {**sink.metadata, "run_name": sink.run_name, "tags": sink.tags}))
+        prof.step_num = step
+        prof.__enter__()
+        return prof
+
+    def _open_for_capture(self, step: int) -> torch.profiler.profile | None:
+        """Once the scheduled windows are over torch's profiler is closed (an idle one costs
+        ~0.1 ms per step); a capture whose warm-up starts at step ``step + 1`` opens a new one,
+        following the capture window alone, and it closes again after the window."""
+        captures = self._captures
+        if captures is None or self._profiler_failed or not captures.starts_after(step):
+            return None
+        try:
+            self._torch = self._start_profiler(captures.captures_only, step)
+        except Exception as exc:  # noqa: BLE001 - never hurt the job
+            self._give_up("starting the profiler for a capture", exc)
+        return self._torch
+
+    def _step(self, tokens: int | None, samples: int | None) -> None:
         step = self.step_num
         action = self._actions(step)
         recording = action in RECORDING
         self.timer.end_step(step, recording, tokens, samples)
         self.step_num = step + 1
+        if self.watcher is not None:
+            self.watcher.after_step(step, action, self.timer.last_ns)
         due = self._step_times_due_ns
         if due is not None and (self.timer.last_ns or 0) >= due:
             with self.policy.guard("queueing the step times"):
                 self._submit_step_times()
         prof = self._torch
+        if prof is None:
+            prof = self._open_for_capture(step)
         if prof is None:
             return
         try:
@@ -140,7 +190,8 @@ class Profile:
             if action is ProfilerAction.RECORD_AND_SAVE:
                 # The trace was just handed to the writer; the step times follow it in the queue.
                 self._submit_step_times()
-            if step >= self.schedule.last_step:
+            if step >= self.schedule.last_step and not (self._captures is not None
+                                                        and self._captures.busy(step)):
                 self._torch = None
                 prof.__exit__(None, None, None)
         except Exception as exc:  # noqa: BLE001 - never hurt the job
@@ -148,6 +199,8 @@ class Profile:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self.watcher is not None:
+            self.watcher.close(self.step_num)
         if self._torch is not None:
             try:
                 self._torch.__exit__(exc_type, exc, tb)
@@ -165,7 +218,10 @@ class Profile:
     def _give_up(self, what: str, exc: Exception) -> None:
         """Stop profiling for good after a failure of the profiler itself; timing goes on."""
         prof, self._torch = self._torch, None
+        self._profiler_failed = True
         self.policy.failed(what, exc)
+        if self.watcher is not None:
+            self.watcher.profiler_failed()
         if prof is not None:
             try:
                 prof.__exit__(None, None, None)

@@ -43,6 +43,8 @@ class BackgroundWriter:
         self._thread = threading.Thread(target=self._loop, name="stepscope-writer", daemon=True)
         self._thread.start()
         self._closed = False
+        self.submitted = 0
+        """Jobs queued so far (with ``busy``, tells whether the writer worked during a step)."""
         # An interpreter exiting without close() (an exception escaping the with-block is
         # handled by close(); os._exit is not) still gets its bounded flush.
         self._atexit = _close_at_exit(weakref.ref(self))
@@ -55,11 +57,17 @@ class BackgroundWriter:
             return False
         try:
             self._queue.put_nowait(Job(what, run))
+            self.submitted += 1
         except queue.Full:
             self._policy.failed(what, RuntimeError(
                 f"{self._queue.maxsize} earlier traces are still being written"))
             return False
         return True
+
+    @property
+    def busy(self) -> bool:
+        """Jobs are queued or running."""
+        return self._queue.unfinished_tasks > 0
 
     def flush(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every queued job to finish; True when all did."""

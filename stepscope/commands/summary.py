@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stepscope.errors import UsageError
-from stepscope.render.table import Table, terminal_width, to_markdown, to_terminal
+from stepscope.render.table import Column, Table, terminal_width, to_markdown, to_terminal
+from stepscope.render.units import duration, percent
 
 if TYPE_CHECKING:
     from stepscope.analysis.parts import Breakdown
@@ -30,6 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank", type=int, action="append", metavar="R",
                         help="only this rank (repeat for several)")
     parser.add_argument("--format", choices=FORMATS, default="table")
+    parser.add_argument("--section", action="append", metavar="NAME",
+                        help="after the verdict, also this section's tables (repeat for several): "
+                             "ranks, kernels, comm, late, copies, memory, findings")
+    parser.add_argument("--verbose", action="store_true", help="after the verdict, every section's tables")
 
 
 def resolve_run(store: Any, run: str | None) -> str:
@@ -54,13 +59,26 @@ def run(args: argparse.Namespace) -> int:
 
     with open_store(args.store) as store:
         doc = build_summary(store, resolve_run(store, args.run), args.rank)
+    sections = _chosen_sections(doc, args.section, args.verbose)
     if args.format == "json":
         print(json.dumps(doc, indent=1))
     elif args.format == "markdown":
-        print(render_markdown(doc))
+        print(render_markdown(doc, sections))
     else:
-        print(render_table(doc, terminal_width()))
+        print(render_table(doc, terminal_width(), sections))
     return 0
+
+
+def _chosen_sections(doc: dict[str, Any], asked: list[str] | None, verbose: bool) -> tuple[str, ...]:
+    """The sections whose tables follow the verdict: every one with ``--verbose``, those asked
+    for with ``--section`` (an unknown name is a usage error naming the known ones)."""
+    known = tuple(k for k in doc if k not in _RESERVED or k in ("ranks", "findings"))
+    if verbose:
+        return known
+    for name in asked or ():
+        if name not in known:
+            raise UsageError(f"--section {name}: no such section; sections: {', '.join(known)}")
+    return tuple(asked or ())
 
 
 # ---- rendering ----
@@ -157,36 +175,115 @@ def _generic_blocks(title: str, value: Any) -> Iterator[Block]:
         yield (title, ["value"], [[_cell(value)]])
 
 
-_RESERVED = ("summary_version", "run", "ranks", "findings", "absent_reasons")
+_RESERVED = ("summary_version", "run", "ranks", "findings", "verdict", "absent_reasons")
 
 
-def blocks(doc: dict[str, Any]) -> Iterator[Block]:
-    """The whole summary as blocks, in document order; findings last."""
-    for rank in doc.get("ranks") or []:
-        yield from _rank_blocks(rank)
+def blocks(doc: dict[str, Any], sections: tuple[str, ...] | None = None) -> Iterator[Block]:
+    """The summary's sections as blocks, in document order, findings last (``sections``: only
+    those; None: every one)."""
+    def wanted(name: str) -> bool:
+        return sections is None or name in sections
+
+    if wanted("ranks"):
+        for rank in doc.get("ranks") or []:
+            yield from _rank_blocks(rank)
     for key, value in doc.items():
-        if key in _RESERVED:
+        if key in _RESERVED or not wanted(key):
             continue
         if value is None:
             yield (key, ["absent"], [[doc.get("absent_reasons", {}).get(key, "")]])
         else:
             yield from _generic_blocks(key, value)
-    findings = doc.get("findings") or []
-    yield ("findings", ["severity", "rule", "finding"],
-           [[f["severity"], f["rule"], f["message"]] for f in findings] or [["-", "-", "no findings"]])
+    if wanted("findings"):
+        findings = doc.get("findings") or []
+        yield ("findings", ["severity", "rule", "ranks", "at stake", "finding"],
+               [[f["severity"], f["rule"], ", ".join(map(str, f.get("ranks") or [])) or "-",
+                 duration(f["time_at_stake_ns"]) if f.get("time_at_stake_ns") is not None else "-", f["message"]]
+                for f in findings] or [["-", "-", "-", "-", "no findings"]])
 
 
-def tables(doc: dict[str, Any]) -> list[Table]:
-    """The whole summary as tables of the one table model, in document order; findings last."""
-    return [Table.of_text(title, cols, rows) for title, cols, rows in blocks(doc)]
+FIRST_SCREEN_FINDINGS = 8
+"""Findings on the first screen; the rest are one ``--section findings`` away."""
 
 
-def render_table(doc: dict[str, Any], width: int | None = None) -> str:
-    """Plain-text rendering for the terminal."""
-    return f"run {doc['run']}\n\n" + to_terminal(tables(doc), width)
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
-def render_markdown(doc: dict[str, Any]) -> str:
-    """Markdown rendering (for CI comments and reports)."""
-    out = [f"# stepscope summary: run `{doc['run']}`", ""] + [to_markdown(t, level=2) for t in tables(doc)]
+def _run_line(doc: dict[str, Any]) -> str:
+    v = doc["verdict"]
+    facts = v.get("run") or {}
+    world = f" of {facts['world_size']}" if facts.get("world_size") else ""
+    backend = f", {facts['backend']}" if facts.get("backend") else ""
+    if facts.get("gpu_name"):
+        gpu = f", {facts['gpu_name']}" + (f" x{facts['gpu_count']}" if facts.get("gpu_count") else "")
+    else:
+        gpu = ", GPU model not recorded" if v.get("breakdown") == "gpu" else ", no GPU"
+    return f"run {facts.get('name') or doc['run']}: {_n(facts.get('ranks') or 0, 'rank')} traced{world}{backend}{gpu}"
+
+
+def verdict_tables(doc: dict[str, Any]) -> tuple[list[str], list[Table]]:
+    """The first screen: the run and its median step in lines, then what bounds the step and
+    the top findings (untruncated, with their time at stake) as tables."""
+    v = doc["verdict"]
+    lines = [_run_line(doc)]
+    step = v.get("step_ns")
+    if step is None:
+        lines.append(f"no step time: {v.get('absent_reasons', {}).get('step_ns', 'no steps')}")
+    else:
+        where = "GPU time" if v["breakdown"] == "gpu" else "host time: no GPU events"
+        lines.append(f"step time {duration(step)} (median over {_n(v['ranks'], 'rank')} x {_n(v['steps'], 'step')}; "
+                     f"parts of the {where})")
+    corrections = v.get("clock_corrections") or []
+    if corrections:
+        lines.append(f"clocks aligned on rank {corrections[0]['reference_rank']}'s from the end times of matched "
+                     "collectives: " + ", ".join(f"rank {c['rank']} {'+' if c['ns'] > 0 else '-'}{duration(abs(c['ns']))}"
+                                                  for c in corrections[:8])
+                     + (f" and {len(corrections) - 8} more" if len(corrections) > 8 else ""))
+    out: list[Table] = []
+    if v.get("bound_by"):
+        out.append(Table("What bounds the step", (Column("part"), Column("share", "pct"), Column("per step", "ns")),
+                         [(b["label"], 100 * b["share"], b["ns"]) for b in v["bound_by"]]))
+    findings = v.get("findings") or []
+    shown = findings[:FIRST_SCREEN_FINDINGS]
+    more = len(findings) - len(shown)
+    note = f"{more} more: --section findings" if more > 0 else None
+
+    mean = v.get("mean_step_ns")
+
+    def share(f: dict[str, Any]) -> str:  # a mean per step, of the mean step
+        stake = f.get("time_at_stake_ns")
+        return percent(100 * stake / mean) if stake is not None and mean else "n/a"
+
+    out.append(Table(
+        "Findings, by time at stake per step",
+        (Column("#", "count"), Column("at stake", "ns"), Column("of step"), Column("finding")),
+        [(i + 1, f.get("time_at_stake_ns"), share(f), f"{f['message']} [{f['rule']}]") for i, f in enumerate(shown)]
+        or [(None, None, "", "no findings")], note))
+    return lines, out
+
+
+_HINT = "per rank and per section: --section NAME (ranks, kernels, comm, late, copies, memory, findings) or --verbose"
+
+
+def tables(doc: dict[str, Any], sections: tuple[str, ...] | None = None) -> list[Table]:
+    """The summary's sections as tables of the one table model, in document order."""
+    return [Table.of_text(title, cols, rows) for title, cols, rows in blocks(doc, sections)]
+
+
+def render_table(doc: dict[str, Any], width: int | None = None, sections: tuple[str, ...] = ()) -> str:
+    """Plain text for the terminal: the verdict screen, then the sections asked for."""
+    lines, first = verdict_tables(doc)
+    text = "\n".join(lines) + "\n\n" + to_terminal(first, width)
+    if sections:
+        return text + "\n\n" + to_terminal(tables(doc, sections), width)
+    return text + "\n\n" + _HINT
+
+
+def render_markdown(doc: dict[str, Any], sections: tuple[str, ...] = ()) -> str:
+    """Markdown (for CI comments and reports): the verdict, then the sections asked for."""
+    lines, first = verdict_tables(doc)
+    out = [f"# stepscope summary: run `{doc['run']}`", "", *(f"{line}  " for line in lines), ""]
+    out += [to_markdown(t, level=2) for t in first]
+    out += [to_markdown(t, level=2) for t in tables(doc, sections)] if sections else [f"_{_HINT}_"]
     return "\n".join(out).rstrip()

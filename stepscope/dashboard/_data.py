@@ -191,6 +191,20 @@ class Context:
         return store_for(self.root)
 
 
+def trace_bytes(ctx: Context, run: str, rank: int) -> bytes:
+    """A rank's trace for Perfetto: the file it was ingested from when it is still there
+    unchanged, else the stored events exported as a Chrome trace (gzipped JSON either way)."""
+    import gzip
+
+    from stepscope.store.export import export_chrome_trace, original_trace
+
+    original = original_trace(ctx.store, run, rank)
+    if original is not None:
+        data = original.read_bytes()
+        return data if data[:2] == b"\x1f\x8b" else gzip.compress(data, compresslevel=1)
+    return gzip.compress(export_chrome_trace(ctx.store, run, rank), compresslevel=1)
+
+
 def context() -> Context:
     """The page context that ``app.py`` put in the session before running the page."""
     ctx = st.session_state.get("ctx")

@@ -7,6 +7,8 @@ divided by a constant so that axes read in ms, GB/s and GiB. The constants are
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import altair as alt
@@ -16,7 +18,20 @@ import streamlit as st
 from stepscope.analysis.absent import Absent
 from stepscope.render.units import GIB, NS_PER_MS
 
-__all__ = ["GIB", "NS_PER_MS", "bar_width", "chart", "data_table", "frame", "ns_to_ms", "shown", "with_units"]
+__all__ = ["GIB", "NS_PER_MS", "bar_width", "chart", "data_table", "frame", "guarded", "ns_to_ms", "shown",
+           "with_units"]
+
+
+@contextmanager
+def guarded(section: str) -> Iterator[None]:
+    """One section of a page: if it raises, one line names the section and the error and the rest
+    of the page still renders (no traceback on the page). Streamlit's own control flow
+    (``st.stop``, reruns) passes through: those are not ``Exception`` s."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - the point: a section's failure stays in its section
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        st.error(f"{section}: {type(exc).__name__}: {first}", icon=":material/error:")
 
 
 def shown(value: Any, what: str = "") -> bool:

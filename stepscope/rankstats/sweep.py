@@ -19,9 +19,11 @@ join of every target with every compute kernel.
 
 from __future__ import annotations
 
-CLASS_BITS = 16
-"""Bits per class in the packed running count: up to 65,535 intervals of one class active at
-once on one rank (a GPU runs at most a few hundred kernels concurrently)."""
+CLASS_BITS = 15
+"""Bits per class in the packed running count: up to 32,767 intervals of one class active at
+once on one rank (a GPU runs at most a few hundred kernels concurrently). Eight classes fit the
+120 bits: the GPU's seven and the waits the step timeline (:mod:`stepscope.analysis.timeline`)
+adds."""
 
 
 def sweep_ctes(n_classes: int, *, iv: str = "iv", win: str = "win") -> str:
@@ -80,11 +82,16 @@ seg AS MATERIALIZED (
 )"""
 
 
-def hidden_ctes(targets: str, out: str) -> str:
+COMPUTE_KERNELS_SQL = "e.kind = 'kernel' AND e.category = 'compute'"
+"""What hides GPU work: the compute kernels (HTA's and TraceLens' overlap)."""
+
+
+def hidden_ctes(targets: str, out: str, under: str = COMPUTE_KERNELS_SQL) -> str:
     """CTEs ending in ``out(point_id, hidden_ns)`` for the intervals of CTE ``targets``.
 
-    ``targets`` has columns ``point_id, run, rank, t0, t1`` and holds one run. Compute kernels
-    are read from ``events`` for the same run and ranks. The sweep's CTE names
+    ``targets`` has columns ``point_id, run, rank, t0, t1`` and holds one run. The events that
+    hide them are those of ``events`` (alias ``e``) for the same run and ranks matching the SQL
+    predicate ``under`` (by default the compute kernels). The sweep's CTE names
     (``iv, win, seg, ...``) are used here, so one query can hold one ``hidden_ctes``.
     """
     return f"""
@@ -93,7 +100,7 @@ iv AS (
   FROM events e
   WHERE e.run = (SELECT any_value(run) FROM {targets})
     AND e.rank IN (SELECT rank FROM {targets})
-    AND e.kind = 'kernel' AND e.category = 'compute' AND e.dur_ns > 0
+    AND ({under}) AND e.dur_ns > 0
 ),
 win AS (
   SELECT rank, 0 AS step, min(t0) AS w0, max(t1) AS w1

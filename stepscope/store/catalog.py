@@ -44,7 +44,8 @@ class Store:
     """A store folder opened for queries.
 
     Views: one per table in ``schema.TABLES`` (committed rows only) plus ``runs`` (one row per
-    run). Queries take parameters (``$name`` or ``?``); user input is never formatted into SQL.
+    run) and ``windows`` (one row per rank and profiled window, captures labelled). Queries take
+    parameters (``$name`` or ``?``); user input is never formatted into SQL.
     """
 
     def __init__(self, root: Path | str, *, read_only_sql: bool = False,
@@ -133,6 +134,23 @@ class Store:
             FROM sources GROUP BY run
             """
         )
+        # One row per rank and profiled window (trace): a capture when the watch labelled it.
+        con.execute(
+            """
+            CREATE VIEW windows AS
+            WITH w AS (
+              SELECT run, rank, source::VARCHAR AS source, min(step) AS first_step,
+                     max(step) AS last_step, count(*) AS steps
+              FROM steps GROUP BY ALL
+            )
+            SELECT w.run, w.rank, w.source, w.first_step, w.last_step, w.steps,
+                   CASE WHEN c.source IS NULL THEN 'schedule' ELSE 'capture' END AS kind,
+                   c.trigger_kind::VARCHAR AS trigger_kind, c.trigger_rank, c.trigger_step,
+                   c.observed_ns, c.reference_ns, c.agreed_step
+            FROM w LEFT JOIN captures c
+              ON c.run = w.run AND c.rank = w.rank AND c.source::VARCHAR = w.source
+            """
+        )
 
     def _lock_down(self, parts: dict[str, list[str]]) -> None:
         """No file access but to the store's Parquet parts (not its other files, not a writer's
@@ -146,7 +164,7 @@ class Store:
 
     @property
     def tables(self) -> tuple[str, ...]:
-        return (*schema.TABLES, "runs")
+        return (*schema.TABLES, "runs", "windows")
 
     def sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pa.Table:
         """Run one query and return an Arrow table. ``params`` bind ``?`` or ``$name``.

@@ -186,6 +186,12 @@ def classify(cat: str | None, name: str, ph: str) -> tuple[str, str | None]:
 
 
 @lru_cache(maxsize=4096)
+def is_communication_host_op(name: str) -> bool:
+    """True when a host op or annotation is a collective call (the rule ingest applies)."""
+    return bool(_one(f"regexp_matches($name::VARCHAR, {_any_of(COMMUNICATION_HOST_OPS)})", {"name": name})[0])
+
+
+@lru_cache(maxsize=4096)
 def normalise_collective(name: str) -> str | None:
     """``all_reduce`` from ``allreduce``, ``_allgather_base``, ``ncclDevKernel_AllReduce_...``."""
     return _one(collective_sql("$name::VARCHAR"), {"name": name})[0]

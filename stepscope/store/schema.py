@@ -162,6 +162,20 @@ MEMORY_SNAPSHOT = pa.schema(
     ]
 )
 
+CAPTURES = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("first_step", pa.int64(), nullable=False),
+        pa.field("last_step", pa.int64(), nullable=False),
+        pa.field("trigger_kind", _STR, nullable=False),
+        pa.field("trigger_rank", pa.int64(), nullable=False),
+        pa.field("trigger_step", pa.int64(), nullable=False),
+        pa.field("observed_ns", pa.int64(), nullable=False),
+        pa.field("reference_ns", pa.int64(), nullable=False),
+        pa.field("agreed_step", pa.int64()),
+    ]
+)
+
 
 RANK_COPIES = pa.schema(
     [
@@ -200,6 +214,7 @@ TABLES: dict[str, Table] = {
         Table("step_times", STEP_TIMES, "one row per training step timed by the collector"),
         Table("memory_roles", MEMORY_ROLES, "storage of parameters, gradients, optimizer state"),
         Table("memory_snapshot", MEMORY_SNAPSHOT, "CUDA caching-allocator snapshot: segments, blocks, alloc/free history"),
+        Table("captures", CAPTURES, "one row per rank and capture the watch triggered"),
         Table("rank_copies", RANK_COPIES, "one row per copy of a rank, with the time compute hides of it (computed at ingest)"),
     )
 }

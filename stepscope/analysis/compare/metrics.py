@@ -181,12 +181,13 @@ def has_step_times(store: SQLStore, run: str) -> bool:
 
 
 def peak_memory_samples(store: SQLStore, run: str) -> tuple[Maybe[list[float]], str | None]:
-    """Per-step allocated-memory peaks from :func:`stepscope.analysis.memory.step_peaks`: GPU rows
-    when there are any, else host rows. Rows outside every step count too (a peak is a peak)."""
+    """Per-step allocated-memory peaks from :func:`stepscope.analysis.memory.step_peaks`: rows of
+    accelerator memory (CUDA, HIP, ...: :mod:`stepscope.analysis.devices`) when there are any,
+    else host rows. Rows outside every step count too (a peak is a peak)."""
     rows = step_peaks(store, run).to_pylist()
-    for device_type, label in ((1, "gpu"), (0, "cpu")):
+    for accelerator, label in ((True, "gpu"), (False, "cpu")):
         values = [float(r["peak_allocated_bytes"]) for r in rows
-                  if r["device_type"] == device_type and r["peak_allocated_bytes"] is not None]
+                  if r["accelerator"] == accelerator and r["peak_allocated_bytes"] is not None]
         if values:
             return values, label
     return Absent("no [memory] events in this run's traces (record with profile_memory=True)"), None
@@ -273,7 +274,8 @@ def collective_stats(store: SQLStore, run: str) -> Maybe[list[NamedStat]]:
 
 def collectives_per_step(kernels: list[dict[str, Any]]) -> Maybe[dict[str, float]]:
     """Collective kind -> median count per (rank, step), from the rows of
-    :func:`stepscope.analysis.comm.collective_kernels` (kernels outside any step are left out)."""
+    :func:`stepscope.analysis.comm.collective_kernels` (kernels outside any step are left out;
+    kinds with a median of 0 too)."""
     per: dict[str, dict[tuple[int, int], int]] = defaultdict(lambda: defaultdict(int))
     rank_steps: set[tuple[int, int]] = set()
     for row in kernels:
@@ -283,8 +285,10 @@ def collectives_per_step(kernels: list[dict[str, Any]]) -> Maybe[dict[str, float
         rank_steps.add((row["rank"], row["step"]))
     if not rank_steps:
         return Absent("no communication kernels inside steps")
-    return {kind: median([by_step.get(rs, 0) for rs in sorted(rank_steps)])
-            for kind, by_step in sorted(per.items())}
+    medians = {kind: median([by_step.get(rs, 0) for rs in sorted(rank_steps)])
+               for kind, by_step in sorted(per.items())}
+    # a kind absent from most steps (a kernel whose launch the trace missed) is not the structure
+    return {kind: n for kind, n in medians.items() if n > 0}
 
 
 def copy_stats(store: SQLStore, run: str) -> Maybe[list[NamedStat]]:

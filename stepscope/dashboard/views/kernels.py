@@ -8,7 +8,7 @@ import streamlit as st
 from stepscope.analysis.kernels import launch_overhead, step_stats, top_cpu_ops, top_kernels
 from stepscope.dashboard._data import context
 from stepscope.dashboard._filters import select
-from stepscope.dashboard._view import bar_width, chart, data_table, frame, ns_to_ms, shown
+from stepscope.dashboard._view import bar_width, chart, data_table, frame, guarded, ns_to_ms, shown
 
 TOP = 20
 
@@ -33,8 +33,6 @@ def top_chart(df, title: str) -> None:
     ).properties(height=24 * len(df) + 40))
 
 
-kernels = ctx.analysis(top_kernels, n=TOP)
-ops = ctx.analysis(top_cpu_ops, n=TOP)
 ranks = list(ctx.ranks)
 rank = st.selectbox("Rank", ranks, key="kernels_rank") if len(ranks) > 1 else ranks[0]
 
@@ -54,33 +52,37 @@ def top_section(result: object, heading: str, what: str, empty: str, chart_title
         data_table(data)
 
 
-top_section(kernels, f"Top {TOP} GPU kernels, copies and memsets", "Top kernels", "GPU work",
-            "GPU time by name")
-top_section(ops, f"Top {TOP} CPU operators (inclusive time)", "Top CPU ops", "CPU operator events",
-            "CPU operator time by name")
+with guarded("Top kernels"):
+    top_section(ctx.analysis(top_kernels, n=TOP), f"Top {TOP} GPU kernels, copies and memsets", "Top kernels",
+                "GPU work", "GPU time by name")
+with guarded("Top CPU ops"):
+    top_section(ctx.analysis(top_cpu_ops, n=TOP), f"Top {TOP} CPU operators (inclusive time; self and sync time "
+                "in the table)", "Top CPU ops", "CPU operator events", "CPU operator time by name")
 
 st.subheader("Launch overhead")
-launch = ctx.analysis(launch_overhead)
-if shown(launch, "Launch overhead"):
-    launch = ns_to_ms(select(frame(launch), ctx))
-    if launch.empty:
-        st.info("No launch of recorded GPU work on the selected ranks.")
-    else:
-        st.caption("Launch-call time against the GPU time it launched: a ratio above 1 means the host takes "
-                   "longer to launch than the GPU to run (launch-bound).")
-        chart(alt.Chart(launch).mark_bar(size=bar_width(len(launch))).encode(
-            x=alt.X("rank:O", title="rank", axis=alt.Axis(labelAngle=0, labelOverlap=True)),
-            y=alt.Y("launch_to_gpu_ratio:Q", title="launch / GPU time"),
-            tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("launches:Q"),
-                     alt.Tooltip("launch_ms:Q", title="launch calls (ms)", format=",.3f"),
-                     alt.Tooltip("launched_gpu_ms:Q", title="GPU work launched (ms)", format=",.3f"),
-                     alt.Tooltip("launch_to_gpu_ratio:Q", title="ratio", format=".3f"),
-                     alt.Tooltip("short_launches:Q", title="GPU work shorter than its launch"),
-                     alt.Tooltip("median_launch_delay_ms:Q", title="median launch delay (ms)", format=",.4f")],
-        ).properties(height=240))
-        data_table(launch)
+with guarded("Launch overhead"):
+    launch = ctx.analysis(launch_overhead)
+    if shown(launch, "Launch overhead"):
+        launch = ns_to_ms(select(frame(launch), ctx))
+        if launch.empty:
+            st.info("No launch of recorded GPU work on the selected ranks.")
+        else:
+            st.caption("Launch-call time against the GPU time it launched: a ratio above 1 means the host takes "
+                       "longer to launch than the GPU to run (launch-bound).")
+            chart(alt.Chart(launch).mark_bar(size=bar_width(len(launch))).encode(
+                x=alt.X("rank:O", title="rank", axis=alt.Axis(labelAngle=0, labelOverlap=True)),
+                y=alt.Y("launch_to_gpu_ratio:Q", title="launch / GPU time"),
+                tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("launches:Q"),
+                         alt.Tooltip("launch_ms:Q", title="launch calls (ms)", format=",.3f"),
+                         alt.Tooltip("launched_gpu_ms:Q", title="GPU work launched (ms)", format=",.3f"),
+                         alt.Tooltip("launch_to_gpu_ratio:Q", title="ratio", format=".3f"),
+                         alt.Tooltip("short_launches:Q", title="GPU work shorter than its launch"),
+                         alt.Tooltip("median_launch_delay_ms:Q", title="median launch delay (ms)", format=",.4f")],
+            ).properties(height=240))
+            data_table(launch)
 
 st.subheader("Step-time statistics")
-stats = ctx.analysis(step_stats)
-if shown(stats, "Step statistics"):
-    data_table(ns_to_ms(select(frame(stats), ctx)))
+with guarded("Step-time statistics"):
+    stats = ctx.analysis(step_stats)
+    if shown(stats, "Step statistics"):
+        data_table(ns_to_ms(select(frame(stats), ctx)))

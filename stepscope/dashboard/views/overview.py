@@ -1,4 +1,5 @@
-"""Overview: what each step's time went to, per rank and per step, and the run's findings."""
+"""Overview: the verdict first, then one step across ranks over time, then where each step's time
+goes per rank and per step, and the step time over the run."""
 
 from __future__ import annotations
 
@@ -8,17 +9,142 @@ import streamlit as st
 
 from stepscope.analysis.absent import Absent
 from stepscope.analysis.breakdown import host_breakdown, rank_totals, step_breakdown, step_windows
+from stepscope.analysis.matching import clock_offsets
 from stepscope.analysis.parts import GPU, HOST, Part
 from stepscope.analysis.steps import step_times
-from stepscope.dashboard._data import context
+from stepscope.analysis.timeline import late_marks, step_timeline, timeline_parts
+from stepscope.analysis.verdict import verdict
+from stepscope.dashboard._data import context, trace_bytes
 from stepscope.dashboard._filters import select
-from stepscope.dashboard._view import NS_PER_MS, chart, data_table, frame, ns_to_ms, shown
+from stepscope.dashboard._view import NS_PER_MS, chart, data_table, frame, guarded, ns_to_ms, shown
+from stepscope.render.units import duration, percent
 
 SEVERITY_ICON = {"critical": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
+# Findings listed under the verdict (the rest: in the table below them); segments drawn in the
+# cross-rank timeline (past this the shortest are left out, and counted). Comments, not
+# docstrings: Streamlit would print a bare string.
+VERDICT_FINDINGS = 8
+TIMELINE_MAX_BARS = 4000
 
 ctx = context()
 st.title(f"Overview: {ctx.run}")
 
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _leaves() -> dict[str, Part]:
+    return {p.name: p for b in (GPU, HOST) for p in (*b.with_sub_parts(),)}
+
+
+def show_verdict() -> list:
+    """The run, its median step, what bounds it and the findings by time at stake: the summary's
+    first screen (the same analysis: :func:`stepscope.analysis.verdict.verdict`)."""
+    gpu, host = ctx.analysis(step_breakdown), ctx.analysis(host_breakdown)
+    findings = ctx.findings()
+    v = verdict(ctx.store, ctx.run, (gpu, host), findings, ctx.analysis(clock_offsets))
+    facts = v["run"]
+    step = v.get("step_ns")
+    where = "GPU" if v.get("breakdown") == "gpu" else "host"
+    head = (_n(facts.get("ranks") or 0, "rank") + " traced" + (f" of {facts['world_size']}" if facts.get("world_size") else "")
+            + (f", {facts['backend']}" if facts.get("backend") else "")
+            + (f", {facts['gpu_name']}" if facts.get("gpu_name") else ""))
+    if isinstance(step, Absent):
+        st.info(f"{head}. No step time: {step.reason}", icon=":material/info:")
+    else:
+        st.markdown(f"**Median step {duration(step)}** over {_n(v['ranks'], 'rank')} x {_n(v['steps'], 'step')} "
+                    f"({head}); what bounds it ({where} time):")
+        bound = v["bound_by"]
+        cols = st.columns(max(1, len(bound)))
+        for col, b in zip(cols, bound):
+            col.metric(f"{b['label']} ({percent(100 * b['share'])})", duration(b["ns"]),
+                       help=f"{percent(100 * b['share'])} of the summed step windows, x the median step")
+    if not findings:
+        st.success("No finding: no cause costs 1 ms per step or more.", icon=":material/check:")
+    for f in findings[:VERDICT_FINDINGS]:
+        stake = f.time_at_stake_ns
+        cost = f"{duration(stake)}/step" if stake is not None else "not a time"
+        mean = v.get("mean_step_ns")
+        share = f" ({percent(100 * stake / mean)} of the mean step)" if stake is not None and mean else ""
+        with st.expander(f"**{cost}{share}** · {f.message}", icon=SEVERITY_ICON.get(f.severity.value)):
+            st.caption(f"rule `{f.rule}` ({f.severity.value}), ranks {', '.join(map(str, f.ranks)) or 'n/a'}")
+            st.json(dict(f.evidence))
+    if len(findings) > VERDICT_FINDINGS:
+        with st.expander(f"{len(findings) - VERDICT_FINDINGS} more findings"):
+            data_table(pd.DataFrame([{"rule": f.rule, "at stake (ms/step)": None if f.time_at_stake_ns is None
+                                      else f.time_at_stake_ns / NS_PER_MS, "message": f.message}
+                                     for f in findings[VERDICT_FINDINGS:]]))
+    return findings
+
+
+def _default_step(findings: list, steps: list[int]) -> int:
+    """The step the worst late-rank finding names, else the first profiled step."""
+    for f in findings:
+        if f.rule == "comm.late_rank" and f.evidence.get("step") in steps:
+            return int(f.evidence["step"])
+    return steps[0]
+
+
+def show_timeline(findings: list) -> None:
+    """One step across ranks: a lane per rank, its parts over time, the late arrivals marked."""
+    windows = ctx.analysis(step_windows)
+    steps = sorted(set(frame(windows)["step"])) if not isinstance(windows, Absent) and windows.num_rows else []
+    if not steps:
+        st.info("No profiled step (ProfilerStep#N) in this run: no timeline.", icon=":material/info:")
+        return
+    default = _default_step(findings, steps)
+    step = st.selectbox("Step", steps, index=steps.index(default), key="timeline_step")
+    segments = ctx.analysis(step_timeline, step=int(step))
+    if not shown(segments, "Step timeline"):
+        return
+    data = select(frame(segments), ctx, step=None)
+    if data.empty:
+        st.info("No segment of the selected ranks in this step.")
+        return
+    origin = int(data["t0_ns"].min())
+    leaves = _leaves()
+    breakdown = GPU if data["breakdown"].iloc[0] == "gpu" else HOST
+    order = [p for p in timeline_parts(breakdown) if p.name in set(data["part"])]
+    data = data.assign(label=data["part"].map(lambda n: leaves[n].label),
+                       start_ms=(data["t0_ns"] - origin) / NS_PER_MS, end_ms=(data["t1_ns"] - origin) / NS_PER_MS,
+                       dur_ms=data["dur_ns"] / NS_PER_MS)
+    cut = 0
+    if len(data) > TIMELINE_MAX_BARS:
+        keep = data["dur_ns"].nlargest(TIMELINE_MAX_BARS).index
+        cut = len(data) - len(keep)
+        data = data.loc[keep]
+    lanes = sorted(data["rank"].unique())
+    color = alt.Color("label:N", title="part", sort=[p.label for p in order], legend=alt.Legend(labelLimit=300),
+                      scale=alt.Scale(domain=[p.label for p in order], range=[p.color for p in order]))
+    y = alt.Y("rank:O", title="rank", sort=lanes, axis=alt.Axis(labelOverlap=len(lanes) > 32))
+    layers = [alt.Chart(data).mark_bar(height=max(6, min(28, 360 // max(len(lanes), 1)))).encode(
+        x=alt.X("start_ms:Q", title="ms since the step's first start (clocks aligned)"), x2="end_ms:Q", y=y,
+        color=color,
+        tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("label:N", title="part"),
+                 alt.Tooltip("start_ms:Q", title="from (ms)", format=",.3f"),
+                 alt.Tooltip("end_ms:Q", title="to (ms)", format=",.3f"),
+                 alt.Tooltip("dur_ms:Q", title="duration (ms)", format=",.3f")])]
+    marks = frame(ctx.analysis(late_marks, step=int(step)))
+    marks = marks[marks["rank"].isin(lanes)] if len(marks) else marks
+    if len(marks):
+        marks = marks.assign(t_ms=(marks["t_ns"] - origin) / NS_PER_MS, waited_ms=marks["others_wait_ns"] / NS_PER_MS)
+        layers.append(alt.Chart(marks).mark_point(shape="triangle-down", size=140, filled=True, color="black").encode(
+            x="t_ms:Q", y=y,
+            tooltip=[alt.Tooltip("rank:O", title="late rank"), alt.Tooltip("collective:N"),
+                     alt.Tooltip("t_ms:Q", title="arrived at (ms)", format=",.3f"),
+                     alt.Tooltip("waited_ms:Q", title="the others waited (ms, summed)", format=",.3f")]))
+    chart(alt.layer(*layers).properties(height=max(160, min(720, 40 * len(lanes)))))
+    st.caption("Black triangles: a rank arriving late at a collective the others waited in. "
+               + (f"{cut:,} segments shorter than the {TIMELINE_MAX_BARS:,} drawn are left out. " if cut else "")
+               + "Each bar is one stretch of one part (the step breakdown's rules, over time).")
+    left, right = st.columns([1, 3])
+    rank = left.selectbox("Open a rank's trace", lanes, key="timeline_rank")
+    left.download_button(f"rank {rank} trace for Perfetto", data=lambda: trace_bytes(ctx, ctx.run, int(rank)),
+                         file_name=f"{ctx.run}-rank{rank}.pt.trace.json.gz", mime="application/gzip",
+                         key=f"timeline_trace:{ctx.run}:{rank}", icon=":material/download:", on_click="ignore")
+    right.markdown(f"Download the rank's trace and drop it on [ui.perfetto.dev](https://ui.perfetto.dev) to see "
+                   f"step {step} event by event (in that rank's own clock).")
 
 
 def breakdown_charts(steps, parts: tuple[Part, ...], key: str) -> None:
@@ -59,98 +185,77 @@ def breakdown_charts(steps, parts: tuple[Part, ...], key: str) -> None:
             st.caption(f"{data['rank'].nunique()} ranks: hover a bar for its rank.")
 
 
-# Headline: HTA-style whole-trace totals per rank (ranks without GPU events: the reason instead).
-totals = ctx.analysis(rank_totals)
-if shown(totals, "GPU totals"):
-    totals = ns_to_ms(select(frame(totals), ctx))
-    with_gpu = totals[totals["absent_reason"].isna()]
-    if len(with_gpu) == 1:
-        row = with_gpu.iloc[0]
-        cols = st.columns(5)
-        cols[0].metric("GPU span (ms)", f"{row['gpu_span_ms']:,.2f}")
-        cols[1].metric("GPU busy (ms)", f"{row['gpu_busy_ms']:,.2f}")
-        cols[2].metric("compute (ms)", f"{row['compute_ms']:,.2f}")
-        cols[3].metric("GPU idle (ms)", f"{row['gpu_idle_ms']:,.2f}")
-        overlap = row["comm_comp_overlap_pct"]
-        cols[4].metric("comm. hidden (%)", "n/a" if overlap != overlap else f"{overlap:.1f}",
-                       help=row["overlap_absent_reason"] or "communication time under compute kernels")
-    if with_gpu.empty:
-        for reason in sorted(set(totals["absent_reason"].dropna())):
-            st.info(f"GPU totals: {reason}", icon=":material/info:")
-    else:
-        with st.expander("Whole-trace GPU totals per rank (HTA definitions)", expanded=1 < len(with_gpu) <= 8):
-            data_table(with_gpu)
+st.subheader("Verdict")
+found: list = []
+with guarded("Verdict"), st.spinner("Evaluating the findings rules..."):
+    found = show_verdict()
 
-# Findings: their place is here, but they need every section of the run, the slowest thing to
-# compute on a first open; the charts below are drawn first and the findings fill this slot last.
-findings_slot = st.container()
+st.subheader("One step across ranks")
+with guarded("Step timeline"):
+    show_timeline(found)
 
-st.subheader("Where each step's GPU time goes")
-steps = ctx.analysis(step_breakdown)
-if shown(steps, "Step breakdown"):
+def breakdown_section(analysis, breakdown, what: str, caption: str | None = None) -> None:
+    """One breakdown's charts and table, for the selected ranks and steps."""
+    steps = ctx.analysis(analysis)
+    if not shown(steps, what):
+        return
     steps = select(frame(steps), ctx)
     if steps.empty:
         st.info("No steps of the selected ranks fall in the step range.")
-    else:
-        breakdown_charts(steps, GPU.parts, "gpu")
-        with st.expander("Step breakdown table (ms)"):
-            data_table(ns_to_ms(steps))
+        return
+    if caption:
+        st.caption(caption)
+    breakdown_charts(steps, tuple(breakdown.leaves()), breakdown.name)
+    with st.expander(f"{what} table (ms)"):
+        data_table(ns_to_ms(steps))
+
+
+st.subheader("Where each step's GPU time goes")
+with guarded("GPU step breakdown"):
+    breakdown_section(step_breakdown, GPU, "Step breakdown")
 
 st.subheader("Where each step's host (CPU) time goes")
-host = ctx.analysis(host_breakdown)
-if shown(host, "Host breakdown"):
-    host = select(frame(host), ctx)
-    if host.empty:
-        st.info("No steps of the selected ranks fall in the step range.")
-    else:
-        *claiming, rest = HOST.parts
-        st.caption("Over all of the rank's threads; an instant goes to the first of these active, in this order: "
-                   f"{', '.join(p.label for p in claiming)}; {rest.label}: none of them.")
-        breakdown_charts(host, HOST.parts, "host")
-        with st.expander("Host breakdown table (ms)"):
-            data_table(ns_to_ms(host))
+with guarded("Host step breakdown"):
+    *claiming, rest = HOST.parts
+    breakdown_section(host_breakdown, HOST, "Host breakdown",
+                      "Over all of the rank's threads; an instant goes to the first of these active, in this order: "
+                      f"{', '.join(p.label for p in claiming)}; {rest.label}: none of them.")
+
+# HTA-style whole-trace totals per rank (ranks without GPU events: the reason instead).
+with guarded("GPU totals"):
+    totals = ctx.analysis(rank_totals)
+    if shown(totals, "GPU totals"):
+        totals = ns_to_ms(select(frame(totals), ctx))
+        with_gpu = totals[totals["absent_reason"].isna()]
+        if with_gpu.empty:
+            for reason in sorted(set(totals["absent_reason"].dropna())):
+                st.info(f"GPU totals: {reason}", icon=":material/info:")
+        else:
+            with st.expander("Whole-trace GPU totals per rank (HTA definitions)"):
+                data_table(with_gpu)
 
 # Step time over the whole run: every step the collector timed (step_times) when the run has
 # them, else the profiled steps' windows.
 st.subheader("Step time over the whole run")
-times = ctx.analysis(step_times)
-if isinstance(times, Absent):
-    windows = ctx.analysis(step_windows)
-    if shown(windows, "Step times"):
-        st.caption(f"Profiled steps only ({times.reason}; the collector's step timer records every step).")
-        times = ns_to_ms(select(frame(windows), ctx)).rename(columns={"dur_ms": "wall_ms"})
-        times["profiled"] = True
-else:
-    times = ns_to_ms(select(frame(times), ctx, step=None))
-if not isinstance(times, Absent) and not times.empty:
-    chart(alt.Chart(times).mark_line(point=True).encode(
-        x=alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1)),
-        y=alt.Y("wall_ms:Q", title="step time (ms)"),
-        # Past 16 ranks a legend is noise: one colour, one line per rank, the rank in the tooltip.
-        color=alt.Color("rank:N", title="rank") if times["rank"].nunique() <= 16 else alt.value("#4C78A8"),
-        detail="rank:N",
-        tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("step:Q"), alt.Tooltip("wall_ms:Q", title="step (ms)", format=",.3f"),
-                 alt.Tooltip("profiled:N")],
-    ).properties(height=280))
-    with st.expander("Step times table (ms)"):
-        data_table(times)
-
-# Findings, into their slot at the top: one line per rule (a rule firing on 256 ranks is one
-# story), the first finding's message as its title and every finding's evidence in its table.
-findings_slot.subheader("Findings")
-with findings_slot, st.spinner("Evaluating the findings rules..."):
-    findings = [f for f in ctx.findings() if f.evidence.get("rank") in (None, *ctx.ranks)]
-if not findings:
-    findings_slot.success("No rule fired for the selected ranks.", icon=":material/check:")
-by_rule: dict[str, list] = {}
-for f in findings:
-    by_rule.setdefault(f.rule, []).append(f)
-for rule_id, group in sorted(by_rule.items(), key=lambda item: item[1][0].severity.rank):  # worst first
-    first = group[0]
-    more = f"  (and {len(group) - 1} more like it)" if len(group) > 1 else ""
-    with findings_slot.expander(f"{first.message}{more}", icon=SEVERITY_ICON.get(first.severity.value)):
-        st.caption(f"rule `{rule_id}` ({first.severity.value})")
-        if len(group) == 1:
-            st.json(dict(first.evidence))
-        else:
-            data_table(pd.DataFrame([{"message": f.message, **f.evidence} for f in group]))
+with guarded("Step time over the run"):
+    times = ctx.analysis(step_times)
+    if isinstance(times, Absent):
+        windows = ctx.analysis(step_windows)
+        if shown(windows, "Step times"):
+            st.caption(f"Profiled steps only ({times.reason}; the collector's step timer records every step).")
+            times = ns_to_ms(select(frame(windows), ctx)).rename(columns={"dur_ms": "wall_ms"})
+            times["profiled"] = True
+    else:
+        times = ns_to_ms(select(frame(times), ctx, step=None))
+    if not isinstance(times, Absent) and not times.empty:
+        chart(alt.Chart(times).mark_line(point=True).encode(
+            x=alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1)),
+            y=alt.Y("wall_ms:Q", title="step time (ms)"),
+            # Past 16 ranks a legend is noise: one colour, one line per rank, the rank in the tooltip.
+            color=alt.Color("rank:N", title="rank") if times["rank"].nunique() <= 16 else alt.value("#4C78A8"),
+            detail="rank:N",
+            tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("step:Q"),
+                     alt.Tooltip("wall_ms:Q", title="step (ms)", format=",.3f"), alt.Tooltip("profiled:N")],
+        ).properties(height=280))
+        with st.expander("Step times table (ms)"):
+            data_table(times)

@@ -1,0 +1,98 @@
+"""Three CPU ranks (gloo) where one rank sleeps before its all-reduce in every step.
+
+    python examples/late_rank_gloo.py --store runs/ --run-name late --late-rank 2 --sleep-ms 30
+    python examples/late_rank_gloo.py --store runs/ --run-name even --sleep-ms 0
+    stepscope summary --store runs/ --run late
+
+A known cause for the cross-rank diagnosis: every step, each rank computes a little (a few
+matrix products), then all ranks all-reduce a tensor; ``--late-rank`` first sleeps
+``--sleep-ms`` milliseconds, so the others wait about that long inside the all-reduce. With
+``--sleep-ms 0`` the ranks stay together. ``sample_traces/gloo-3ranks-late`` and
+``gloo-3ranks-even`` were recorded with this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import stepscope
+
+
+@dataclass(frozen=True)
+class LateRun:
+    """Everything a rank needs (picklable, for ``mp.spawn``)."""
+
+    store: str
+    run: str
+    late_rank: int = 2
+    sleep_ms: float = 30.0
+    steps: int = 6
+    trace_dir: str | None = None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def step(weights: torch.Tensor, data: torch.Tensor, rank: int, cfg: LateRun) -> None:
+    """A little compute, the late rank's sleep, then the all-reduce everyone waits in."""
+    out = data
+    for _ in range(4):
+        out = torch.tanh(out @ weights)
+    if rank == cfg.late_rank and cfg.sleep_ms > 0:
+        time.sleep(cfg.sleep_ms / 1000)
+    dist.all_reduce(out)
+
+
+def train_rank(rank: int, world_size: int, port: int, cfg: LateRun) -> None:
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        gen = torch.Generator().manual_seed(rank)
+        weights = torch.randn(128, 128, generator=gen) / 12
+        data = torch.randn(64, 128, generator=gen)
+        with stepscope.profile(store=cfg.store, run=cfg.run, wait=1, warmup=1, active=cfg.steps - 2, repeat=1,
+                               trace_dir=cfg.trace_dir, strict=True, record_shapes=True, profile_memory=False,
+                               tags={"example": "late_rank_gloo"}) as prof:
+            for _ in range(cfg.steps):
+                step(weights, data, rank, cfg)
+                prof.step()
+    finally:
+        dist.destroy_process_group()
+
+
+def train(cfg: LateRun, world_size: int = 3) -> None:
+    mp.spawn(train_rank, args=(world_size, free_port(), cfg), nprocs=world_size, join=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", default="runs")
+    parser.add_argument("--run-name", default="late")
+    parser.add_argument("--ranks", type=int, default=3)
+    parser.add_argument("--late-rank", type=int, default=2)
+    parser.add_argument("--sleep-ms", type=float, default=30.0)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--trace-dir", default=None, help="also keep the exported Kineto JSON here")
+    args = parser.parse_args()
+    cfg = LateRun(store=args.store, run=args.run_name, late_rank=args.late_rank, sleep_ms=args.sleep_ms,
+                  steps=args.steps, trace_dir=args.trace_dir)
+    train(cfg, args.ranks)
+    print(f"run {args.run_name!r} ({args.ranks} ranks) is in {Path(args.store)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""No dashboard page shows a traceback, or a section error, on any trace of ../shared/traces.
+
+Each Kineto trace is ingested once per session (the ``ingested`` fixture) into a store of its
+own; one AppTest session per trace opens every page in turn. Files that are not Kineto traces
+(an Execution Trace, a memory-timeline array, a snapshot pickle, TraceLens sidecars) are refused
+at ingest, as they should be, and are not pages' business.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from tests.conftest import REPO, SHARED_TRACES  # noqa: E402
+
+APP = REPO / "stepscope" / "dashboard" / "app.py"
+PAGES = ("runs", "overview", "communication", "copies", "memory", "kernels", "compare", "sql")
+NOT_KINETO = ("execution_details.json", "_et.json.gz", "memory_timeline.raw.gz", ".pickle")
+TRACES = sorted(p.relative_to(SHARED_TRACES).as_posix() for p in SHARED_TRACES.rglob("*")
+                if p.is_file() and p.name.endswith((".json", ".json.gz")) and not p.name.endswith(NOT_KINETO)
+                and p.parent.name != "LICENSES") if SHARED_TRACES.is_dir() else []
+
+
+@pytest.mark.shared
+@pytest.mark.slow
+@pytest.mark.parametrize("relative", TRACES)
+def test_every_page_renders_on_every_shared_trace(relative: str, ingested, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["app.py", "--store", str(ingested(relative))])
+    at = AppTest.from_file(str(APP), default_timeout=300)
+    at.run()
+    for page in PAGES:
+        at.switch_page(f"views/{page}.py")
+        at.run()
+        assert not at.exception, (page, [e.value for e in at.exception])
+        assert not at.error, (page, [e.value for e in at.error])
+        assert at.title, (page, "no title")
