@@ -17,7 +17,7 @@ import pytest
 
 from stepscope.cli import main
 from stepscope.errors import StoreError
-from stepscope.rankstats.copies import copies_ctes
+from stepscope.store.rankstats.copies import copies_ctes
 from stepscope.store import open_store
 from tests._intervals import clip, length, load_trace, to_ns, union
 

@@ -192,7 +192,7 @@ RANK_COPIES = pa.schema(
         pa.field("exposed_ns", pa.int64()),
     ]
 )
-"""Each rank's copies with their hidden time: computed at ingest (``stepscope.rankstats``)."""
+"""Each rank's copies with their hidden time: computed at ingest (``stepscope.store.rankstats``)."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,6 @@ it has not been stored); it imports neither, nor torch, nor streamlit.
 - ``reduce.py``: the registry of per-rank tables and the run of all of them over one trace.
 """
 
-from stepscope.rankstats.reduce import TABLES, RankTable, trace_views  # noqa: E402
+from stepscope.store.rankstats.reduce import TABLES, RankTable, trace_views  # noqa: E402
 
 __all__ = ["TABLES", "RankTable", "trace_views"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepscope.rankstats.copies import RANK_COPIES
+from stepscope.store.rankstats.copies import RANK_COPIES
 
 
 @dataclass(frozen=True)
