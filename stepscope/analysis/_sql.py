@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from stepscope.store.rankstats.breakdown import sql_list  # noqa: F401 - re-exported
 from stepscope.store.rankstats.sweep import CLASS_BITS, sweep_ctes  # noqa: F401 - re-exported
 
 
@@ -19,6 +20,3 @@ def rank_filter(ranks: Sequence[int] | None, column: str = "rank") -> tuple[str,
     return f"list_contains($ranks::INTEGER[], {column})", {"ranks": [int(r) for r in ranks]}
 
 
-def sql_list(values: Sequence[str]) -> str:
-    """``('a', 'b')``: a SQL list literal of names the code itself defines (never user input)."""
-    return "(" + ", ".join(f"'{v}'" for v in values) + ")"

@@ -281,9 +281,10 @@ def write_rank_tables(con: duckdb.DuckDBPyConnection, root: Path, run: str, rank
     """Write each per-rank table (``stepscope.store.rankstats``) of one trace, computed in ``con`` from
     the trace's parts ``parts`` (events, steps, ...). Ingest and ``stepscope migrate`` call it."""
     rankstats.trace_views(con, parts, run, rank)
+    rankstats.prepare(con, run)
     for table in rankstats.TABLES:
         write_partition(root, table.name, run, rank, source,
-                        SqlPart(con, Path(parts["events"]), table.query, {"run": run}))
+                        SqlPart(con, Path(parts["events"]), table.query, rankstats.params(table.query, run)))
 
 
 def commit(converted: ConvertedTrace, store: str | Path, *, on_conflict: str = "session") -> IngestedTrace:
