@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from stepscope.store import rankstats
 from stepscope.store.writer import part_path, write_partition
 
 TIME_COLUMNS = {
@@ -32,8 +33,13 @@ TIME_COLUMNS = {
     "step_times": ("start_ns",),
     "sources": ("trace_start_ns", "trace_end_ns"),
     "rank_copies": ("ts_ns",),
+    "rank_step_gpu": ("start_ns", "end_ns", "cpu_start_ns"),
+    "rank_step_host": ("start_ns", "end_ns"),
+    "rank_comm_spans": ("s0", "s1"),
+    "rank_collectives": ("ts_ns", "end_ns"),
 }
-TABLES = ("events", "steps", "memory", "step_times", "memory_roles", "rank_copies", "sources")  # sources last: it commits
+TABLES = ("events", "steps", "memory", "step_times", "memory_roles", *(t.name for t in rankstats.TABLES),
+          "sources")  # sources last: it commits
 
 
 def scale_rank(src_root: Path, run: str, rank: int, dst_root: Path, dst_run: str, copies: int,

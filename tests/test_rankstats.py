@@ -1,7 +1,8 @@
 """Each rank's answers stored at ingest equal what the analysis computed from the events before.
 
-The step breakdowns (``rank_step_gpu``, ``rank_step_host``, ``rank_comm_spans``) and the
-collectives (``rank_collectives``): on every shared trace with steps, and on two ranks of one job
+The step breakdowns (``rank_step_gpu``, ``rank_step_host``, ``rank_comm_spans``), the
+collectives (``rank_collectives``) and the kernels and CPU ops by name (``rank_kernels``,
+``rank_cpu_ops``): on every shared trace with steps, and on two ranks of one job
 (collectives matched, waits split off), what the analyses now read from the tables equals what
 they computed from the events before.
 
@@ -22,12 +23,13 @@ import pytest
 
 from stepscope.analysis.absent import Absent
 from stepscope.analysis.breakdown import _parts_query, host_breakdown, step_breakdown
+from stepscope.analysis.kernels import top_cpu_ops, top_kernels
 from stepscope.analysis.matching import collective_ctes, collective_rows, ranks_with_collectives
 from stepscope.cli import main
 from stepscope.errors import StoreError
 from stepscope.store.rankstats.copies import copies_ctes
 from stepscope.store import open_store, rankstats
-from stepscope.store.rankstats.breakdown import window_ctes
+from stepscope.store.rankstats.breakdown import step_window_ctes, window_ctes
 from stepscope.store.rankstats.collectives import collective_point_ctes
 from stepscope.store.rankstats.parts import GPU, HOST, Breakdown
 from tests._intervals import clip, length, load_trace, to_ns, union
@@ -135,7 +137,7 @@ def _breakdown_from_events(store, breakdown: Breakdown, run: str = "t") -> list[
                                              "w.cpu_end - w.cpu_start AS cpu_dur_ns")
         where = "w.rank IN (SELECT DISTINCT rank FROM gpu)"
     else:
-        win = "win AS MATERIALIZED (SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM steps WHERE run = $run)"
+        win = step_window_ctes(HOST, "TRUE")
         select, where = "$run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns", "TRUE"
     matched = ranks_with_collectives(store, run) >= 2
     return store.sql(_parts_query(breakdown, "TRUE", win, select, where, matched), {"run": run}).to_pylist()
@@ -158,6 +160,22 @@ def test_stored_step_breakdowns_equal_the_analysis_from_events(ingested, relativ
     assert store.sql("SELECT count(*) AS n FROM rank_step_host").to_pylist()[0]["n"] == \
         store.sql("SELECT count(*) AS n FROM steps").to_pylist()[0]["n"]
     assert _collectives(store) == _collectives_from_events(store)
+    assert _by_name(top_kernels(store, "t", 10_000)) == _by_name_from_events(store, "kind IN ('kernel', 'memcpy', 'memset') AND dur_ns > 0")
+    assert _by_name(top_cpu_ops(store, "t", 10_000)) == _by_name_from_events(
+        store, "kind = 'cpu_op' AND dur_ns IS NOT NULL AND name NOT LIKE 'ProfilerStep#%'")
+
+
+def _by_name(table) -> dict[str, tuple]:
+    return {r["name"]: (r["count"], r["total_ns"], r["max_ns"]) for r in table.to_pylist()}
+
+
+def _by_name_from_events(store, where: str) -> dict[str, tuple]:
+    """Count, total and longest per name, straight from the events: what a profiled step ran when
+    the trace has steps, everything otherwise (self and sync time: tests/test_summary.py and
+    tests/test_traces_as_they_are.py count them by hand)."""
+    rows = store.sql(f"""SELECT name, count(*) AS count, sum(dur_ns) AS total_ns, max(dur_ns) AS max_ns FROM events
+                         WHERE {where} AND ((SELECT count(*) FROM steps) = 0 OR step IS NOT NULL) GROUP BY name""")
+    return {r["name"]: (r["count"], r["total_ns"], r["max_ns"]) for r in rows.to_pylist()}
 
 
 def _collectives(store) -> list[dict]:

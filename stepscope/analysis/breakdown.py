@@ -264,7 +264,8 @@ def step_windows(store: SQLStore, run: str, ranks: Sequence[int] | None = None) 
 def host_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
     """Host (CPU) time of every step, split into disjoint parts over all the rank's threads.
 
-    Window: the ProfilerStep CPU window. The parts are those of
+    Window: the ProfilerStep CPU window (one that starts before the previous ended starts where
+    it ended: :func:`stepscope.store.rankstats.breakdown.step_window_ctes`). The parts are those of
     :data:`stepscope.store.rankstats.parts.HOST`, in its priority order (data loading, optimizer,
     blocked in synchronisation, compute ops, communication ops not under any of those: exposed
     host communication, split into waiting for peers and the rest; other: none of these active

@@ -245,6 +245,33 @@ RANK_COLLECTIVES = pa.schema(
 )
 """Each rank's collective events with what each is (``stepscope.store.rankstats.collectives``)."""
 
+RANK_KERNELS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("name", pa.string()),
+        pa.field("kind", _STR),
+        pa.field("category", _STR),
+        pa.field("count", pa.int64(), nullable=False),
+        pa.field("total_ns", pa.int64(), nullable=False),
+        pa.field("max_ns", pa.int64(), nullable=False),
+    ]
+)
+"""Each rank's GPU work by name (``stepscope.store.rankstats.kernels``)."""
+
+RANK_CPU_OPS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("name", pa.string()),
+        pa.field("category", _STR),
+        pa.field("count", pa.int64(), nullable=False),
+        pa.field("total_ns", pa.int64(), nullable=False),
+        pa.field("self_ns", pa.int64(), nullable=False),
+        pa.field("sync_ns", pa.int64(), nullable=False),
+        pa.field("max_ns", pa.int64(), nullable=False),
+    ]
+)
+"""Each rank's CPU operators by name, with self and synchronisation time."""
+
 
 @dataclass(frozen=True)
 class Table:
@@ -271,6 +298,8 @@ TABLES: dict[str, Table] = {
         Table("rank_step_host", RANK_STEP_HOST, "one row per step of a rank: its host parts (computed at ingest)"),
         Table("rank_comm_spans", RANK_COMM_SPANS, "where each step's exposed communication lies (computed at ingest)"),
         Table("rank_collectives", RANK_COLLECTIVES, "one row per collective event of a rank, with what it is (computed at ingest)"),
+        Table("rank_kernels", RANK_KERNELS, "one row per GPU activity name of a rank (computed at ingest)"),
+        Table("rank_cpu_ops", RANK_CPU_OPS, "one row per CPU operator name of a rank, with self time (computed at ingest)"),
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""

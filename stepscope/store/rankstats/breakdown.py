@@ -222,10 +222,23 @@ def iv_ctes(breakdown: Breakdown, rf: str) -> str:
 
 def step_window_ctes(breakdown: Breakdown, rf: str) -> str:
     """CTEs ending in ``win(rank, step, w0, w1, ...)``, the windows a breakdown splits: the GPU's
-    step windows (:func:`window_ctes`, reads ``gpu``), the host's ProfilerStep CPU windows."""
+    step windows (:func:`window_ctes`, reads ``gpu``), the host's ProfilerStep CPU windows. The
+    sweep needs disjoint windows: a ProfilerStep that starts before an earlier one of its rank
+    ended (nested steps, seen in hand-made traces) starts where that one ended, as on the GPU."""
     if breakdown is GPU:
         return window_ctes(rf)
-    return f"win AS MATERIALIZED (SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM steps WHERE run = $run AND {rf})"
+    return f"""
+_host_steps AS (
+    SELECT rank, step, start_ns, end_ns,
+           max(end_ns) OVER (PARTITION BY rank ORDER BY start_ns, step
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+    FROM steps WHERE run = $run AND {rf}
+),
+win AS MATERIALIZED (
+    SELECT rank, step, greatest(start_ns, coalesce(prev_end, start_ns)) AS w0,
+           greatest(end_ns, coalesce(prev_end, start_ns)) AS w1
+    FROM _host_steps
+)"""
 
 
 # ---- the per-rank tables: each step's parts, and where its exposed communication lies ----

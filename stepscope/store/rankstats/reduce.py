@@ -16,6 +16,7 @@ from typing import Any
 from stepscope.store.rankstats.breakdown import PREPARE, comm_spans_query, rank_step_query
 from stepscope.store.rankstats.collectives import RANK_COLLECTIVES
 from stepscope.store.rankstats.copies import RANK_COPIES
+from stepscope.store.rankstats.kernels import RANK_CPU_OPS, RANK_KERNELS
 from stepscope.store.rankstats.parts import GPU, HOST
 
 
@@ -33,6 +34,8 @@ TABLES: tuple[RankTable, ...] = (
     RankTable("rank_step_host", rank_step_query(HOST)),
     RankTable("rank_comm_spans", comm_spans_query()),
     RankTable("rank_collectives", RANK_COLLECTIVES),
+    RankTable("rank_kernels", RANK_KERNELS),
+    RankTable("rank_cpu_ops", RANK_CPU_OPS),
 )
 """Every per-rank table, in the order they are written."""
 
