@@ -1,8 +1,8 @@
 """Each rank's answers stored at ingest equal what the analysis computed from the events before.
 
 The step breakdowns (``rank_step_gpu``, ``rank_step_host``, ``rank_comm_spans``), the
-collectives (``rank_collectives``) and the kernels and CPU ops by name (``rank_kernels``,
-``rank_cpu_ops``): on every shared trace with steps, and on two ranks of one job
+collectives (``rank_collectives``), the kernels and CPU ops by name (``rank_kernels``,
+``rank_cpu_ops``) and the memory peaks (``rank_memory_peaks``): on every shared trace with steps, and on two ranks of one job
 (collectives matched, waits split off), what the analyses now read from the tables equals what
 they computed from the events before.
 
@@ -24,6 +24,7 @@ import pytest
 from stepscope.analysis.absent import Absent
 from stepscope.analysis.breakdown import _parts_query, host_breakdown, step_breakdown
 from stepscope.analysis.kernels import top_cpu_ops, top_kernels
+from stepscope.analysis.memory import step_peaks
 from stepscope.analysis.matching import collective_ctes, collective_rows, ranks_with_collectives
 from stepscope.cli import main
 from stepscope.errors import StoreError
@@ -163,6 +164,21 @@ def test_stored_step_breakdowns_equal_the_analysis_from_events(ingested, relativ
     assert _by_name(top_kernels(store, "t", 10_000)) == _by_name_from_events(store, "kind IN ('kernel', 'memcpy', 'memset') AND dur_ns > 0")
     assert _by_name(top_cpu_ops(store, "t", 10_000)) == _by_name_from_events(
         store, "kind = 'cpu_op' AND dur_ns IS NOT NULL AND name NOT LIKE 'ProfilerStep#%'")
+    assert _peaks(store) == _peaks_from_memory(store)
+
+
+def _peaks(store) -> dict[tuple, tuple]:
+    return {(r["device_type"], r["device"], r["step"]): (r["events"], r["peak_allocated_bytes"], r["peak_reserved_bytes"])
+            for r in step_peaks(store, "t").to_pylist() if not r["rebuilt"]}
+
+
+def _peaks_from_memory(store) -> dict[tuple, tuple]:
+    """Each device's and step's event count, largest allocated and reserved totals, straight from
+    the ``memory`` table (devices whose events carry the totals)."""
+    rows = store.sql("""SELECT device_type, device, step, count(*) AS n, max(total_allocated) AS a,
+                               max(total_reserved) AS r
+                        FROM memory GROUP BY device_type, device, step HAVING count(total_allocated) > 0""")
+    return {(r["device_type"], r["device"], r["step"]): (r["n"], r["a"], r["r"]) for r in rows.to_pylist()}
 
 
 def _by_name(table) -> dict[str, tuple]:

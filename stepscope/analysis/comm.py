@@ -43,7 +43,7 @@ from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity
 from stepscope.analysis.matching import POINT_TO_POINT, clock_offsets, collective_ctes, collective_rows
 from stepscope.analysis.overlap import COMPUTE_KERNELS_SQL, hidden_ctes
 from stepscope.store.rankstats.parts import COMM_EXPOSED, COMMUNICATION_OPS, COMPUTE, COMPUTE_OPS, HOST, PEER_WAITS
-from stepscope.analysis.phase import gpu_phase_ctes
+from stepscope.store.rankstats.phase import gpu_phase_ctes
 from stepscope.analysis.quantiles import median, median_sql
 from stepscope.analysis.sections import SQLStore, section
 from stepscope.render.units import duration

@@ -272,6 +272,24 @@ RANK_CPU_OPS = pa.schema(
 )
 """Each rank's CPU operators by name, with self and synchronisation time."""
 
+RANK_MEMORY_PEAKS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("device_type", pa.int64()),
+        pa.field("device", pa.int64()),
+        pa.field("step", pa.int64()),
+        pa.field("events", pa.int64(), nullable=False),
+        pa.field("peak_allocated_bytes", pa.int64()),
+        pa.field("peak_ts_ns", pa.int64()),
+        pa.field("peak_reserved_bytes", pa.int64()),
+        pa.field("min_allocated_bytes", pa.int64()),
+        pa.field("rebuilt", pa.bool_()),
+        pa.field("phase", _STR),
+        pa.field("ops_at_peak", pa.list_(pa.string())),
+    ]
+)
+"""Each rank's memory peak per device and step (``stepscope.store.rankstats.memory``)."""
+
 
 @dataclass(frozen=True)
 class Table:
@@ -300,6 +318,7 @@ TABLES: dict[str, Table] = {
         Table("rank_collectives", RANK_COLLECTIVES, "one row per collective event of a rank, with what it is (computed at ingest)"),
         Table("rank_kernels", RANK_KERNELS, "one row per GPU activity name of a rank (computed at ingest)"),
         Table("rank_cpu_ops", RANK_CPU_OPS, "one row per CPU operator name of a rank, with self time (computed at ingest)"),
+        Table("rank_memory_peaks", RANK_MEMORY_PEAKS, "one row per device and step of a rank: its memory peak (computed at ingest)"),
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""

@@ -17,6 +17,7 @@ from stepscope.store.rankstats.breakdown import PREPARE, comm_spans_query, rank_
 from stepscope.store.rankstats.collectives import RANK_COLLECTIVES
 from stepscope.store.rankstats.copies import RANK_COPIES
 from stepscope.store.rankstats.kernels import RANK_CPU_OPS, RANK_KERNELS
+from stepscope.store.rankstats.memory import RANK_MEMORY_PEAKS
 from stepscope.store.rankstats.parts import GPU, HOST
 
 
@@ -36,6 +37,7 @@ TABLES: tuple[RankTable, ...] = (
     RankTable("rank_collectives", RANK_COLLECTIVES),
     RankTable("rank_kernels", RANK_KERNELS),
     RankTable("rank_cpu_ops", RANK_CPU_OPS),
+    RankTable("rank_memory_peaks", RANK_MEMORY_PEAKS),
 )
 """Every per-rank table, in the order they are written."""
 
