@@ -37,6 +37,9 @@ TIME_COLUMNS = {
     "rank_step_host": ("start_ns", "end_ns"),
     "rank_comm_spans": ("s0", "s1"),
     "rank_collectives": ("ts_ns", "end_ns"),
+    "rank_gpu_totals": ("gpu_start_ns", "gpu_end_ns"),
+    "rank_hiding_spans": ("s0", "s1"),
+    "rank_memory_peaks": ("peak_ts_ns",),
 }
 TABLES = ("events", "steps", "memory", "step_times", "memory_roles", *(t.name for t in rankstats.TABLES),
           "sources")  # sources last: it commits
