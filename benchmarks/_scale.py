@@ -1,20 +1,29 @@
-"""Make a many-rank run out of one real rank: copies of its store partitions with shifted clocks.
+"""Make bigger inputs out of one real trace, for the benchmarks.
 
-Used by bench_analysis.py's scaled case. Each copy k of the source rank becomes rank k with every
-timestamp shifted by ``k * shift_ns`` and its own source id, so the copies are distinct traces to
-every query (no shared rows, staggered collectives) while keeping the real trace's structure.
-It copies the store's Parquet files (no re-ingest), which keeps the benchmark's setup short.
+- ``scale_rank``: a many-rank run out of one real rank: copies of its store partitions with
+  shifted clocks (bench_analysis.py's scaled case). Each copy k of the source rank becomes rank
+  k with every timestamp shifted by ``k * shift_ns`` and its own source id, so the copies are
+  distinct traces to every query (no shared rows, staggered collectives) while keeping the real
+  trace's structure. It copies the store's Parquet files (no re-ingest), which keeps the
+  benchmark's setup short.
+- ``repeat_trace``: one trace file whose events are the original's repeated, each copy shifted by
+  the trace's span (bench_ingest.py's flat-memory case).
+- ``rank_files``: copies of a trace file as ranks 0..n-1 of one job (distinct contents, so none
+  is skipped as a duplicate; bench_ingest.py's ``--jobs`` case).
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from stepscope.store import rankstats
 from stepscope.store.writer import part_path, write_partition
 
 TIME_COLUMNS = {
@@ -23,8 +32,17 @@ TIME_COLUMNS = {
     "memory": ("ts_ns",),
     "step_times": ("start_ns",),
     "sources": ("trace_start_ns", "trace_end_ns"),
+    "rank_copies": ("ts_ns",),
+    "rank_step_gpu": ("start_ns", "end_ns", "cpu_start_ns"),
+    "rank_step_host": ("start_ns", "end_ns"),
+    "rank_comm_spans": ("s0", "s1"),
+    "rank_collectives": ("ts_ns", "end_ns"),
+    "rank_gpu_totals": ("gpu_start_ns", "gpu_end_ns"),
+    "rank_hiding_spans": ("s0", "s1"),
+    "rank_memory_peaks": ("peak_ts_ns",),
 }
-TABLES = ("events", "steps", "memory", "step_times", "memory_roles", "sources")  # sources last: it commits
+TABLES = ("events", "steps", "memory", "step_times", "memory_roles", *(t.name for t in rankstats.TABLES),
+          "sources")  # sources last: it commits
 
 
 def scale_rank(src_root: Path, run: str, rank: int, dst_root: Path, dst_run: str, copies: int,
@@ -50,3 +68,46 @@ def scale_rank(src_root: Path, run: str, rank: int, dst_root: Path, dst_run: str
                 copy = copy.set_column(copy.schema.get_field_index("run_name"), "run_name", pa.array([dst_run]))
             write_partition(dst_root, table, dst_run, k, source, copy)
             assert part_path(dst_root, table, dst_run, k, source).exists()
+
+
+def _load(path: Path) -> dict[str, Any]:
+    import msgspec
+
+    data = path.read_bytes()
+    return msgspec.json.decode(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+
+
+def _save(doc: dict[str, Any], path: Path) -> None:
+    import msgspec
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(msgspec.json.encode(doc), compresslevel=6))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def repeat_trace(src: Path, dst: Path, copies: int) -> int:
+    """Write ``src`` with its events repeated ``copies`` times, copy k shifted by k x its span
+    (first start to last end); returns the number of events written."""
+    doc = _load(src)
+    events = doc["traceEvents"]
+    timed = [e for e in events if _is_number(e.get("ts"))]
+    start = min(e["ts"] for e in timed)
+    end = max(e["ts"] + (e["dur"] if _is_number(e.get("dur")) else 0) for e in timed)
+    doc["traceEvents"] = [e if k == 0 or not _is_number(e.get("ts")) else {**e, "ts": e["ts"] + k * (end - start)}
+                          for k in range(copies) for e in events]
+    _save(doc, dst)
+    return len(doc["traceEvents"])
+
+
+def rank_files(src: Path, folder: Path, ranks: int) -> list[Path]:
+    """Write ``src`` as ranks 0..ranks-1 of one job (``distributedInfo.rank``), one file each."""
+    doc = _load(src)
+    paths = []
+    for rank in range(ranks):
+        doc["distributedInfo"] = {**(doc.get("distributedInfo") or {}), "rank": rank}
+        paths.append(folder / f"rank{rank}.json.gz")
+        _save(doc, paths[-1])
+    return paths

@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "baseline": "Name the run that comparisons start from, per branch or tag.",
     "report": "Write one self-contained HTML report of a run (and its comparison with a baseline).",
     "prune": "Remove old runs from a store kept between CI runs (baselines are kept).",
+    "migrate": "Bring a store written by an older stepscope up to this one's schema version.",
 }
 """Subcommand name -> one-line help. The module is ``stepscope.commands.<name>``."""
 

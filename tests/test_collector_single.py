@@ -53,6 +53,8 @@ def test_trace_handler_on_a_profiler_the_user_owns(tmp_path: Path) -> None:
     store = open_store(tmp_path / "store")
     steps = store.sql("SELECT list(step ORDER BY step) AS s FROM steps").to_pylist()
     assert steps == [{"s": [2, 3, 6, 7]}]  # two cycles of wait 1, warmup 1, active 2
+    # Two cycles of one process are one session: one run, not a run per cycle.
+    assert store.sql("SELECT DISTINCT run FROM sources").to_pylist() == [{"run": "owned"}]
     files = sorted(p.name for p in (tmp_path / "traces").iterdir())
     assert files == ["rank0.cycle1.pt.trace.json.gz", "rank0.pt.trace.json.gz"]
     raw_steps = sorted(e["name"] for f in files for e in load_raw(tmp_path / "traces" / f)["traceEvents"]

@@ -6,19 +6,23 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from stepscope.store import open_store
-from stepscope.store.convert import _args_column
+from stepscope.store.ingest import ingest_trace_file
 from tests.conftest import load_raw
 
 
-def test_args_column_keeps_text_and_nulls() -> None:
-    raws = [msgspec.Raw(b'{"a": 1}'), msgspec.Raw(), msgspec.Raw('{"é": "∑"}'.encode()),
-            msgspec.Raw(b"{}")]
-    assert _args_column(raws).to_pylist() == ['{"a": 1}', None, '{"é": "∑"}', "{}"]
-    assert _args_column([]).to_pylist() == []
+def test_args_keep_every_value_and_absent_args_are_null(tmp_path: Path, make_trace) -> None:
+    args = [{"a": 1}, None, {"é": "∑", "q": "a\"b"}, {},
+            {"big": 18446744073709551616, "neg": -9223372036854775809, "f": 0.30000000000000004, "e": 1e-7,
+             "nested": {"l": [1, [2, {"x": None}]]}, "t": True}]
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1,
+               **({} if a is None else {"args": a})} for i, a in enumerate(args)]
+    ingest_trace_file(make_trace("rank0.json", events), tmp_path / "s", "r")
+    rows = open_store(tmp_path / "s").sql("SELECT name, args FROM events ORDER BY ts_ns").to_pylist()
+    assert [None if r["args"] is None else json.loads(r["args"]) for r in rows] == args
+    assert '18446744073709551616' in rows[4]["args"] and '-9223372036854775809' in rows[4]["args"]
 
 
 @pytest.mark.shared

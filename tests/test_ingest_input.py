@@ -144,13 +144,22 @@ def test_crash_mid_ingest_leaves_nothing_visible_and_rerun_heals(tmp_path: Path,
     assert _count(store) == len(GOOD_EVENTS)
 
 
-def test_interrupted_file_write_leaves_no_partial_parquet(tmp_path: Path, make_trace, monkeypatch) -> None:
-    import pyarrow.parquet as pq
+@pytest.mark.parametrize("table", ["events", "memory", "sources"])
+def test_interrupted_file_write_leaves_no_partial_parquet(tmp_path: Path, make_trace, monkeypatch,
+                                                          table: str) -> None:
+    """Ctrl-C while a part is half written (by DuckDB's COPY: ingest writes every part so):
+    neither the half file nor any part written before it is left."""
+    from stepscope.store.convert import SqlPart
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
+    real = SqlPart.write_parquet
 
-    monkeypatch.setattr(pq, "write_table", interrupted)
+    def interrupted(self, target, metadata):
+        if metadata[b"stepscope.table"] == table.encode():
+            target.write_bytes(b"PAR1 half a file")
+            raise KeyboardInterrupt
+        return real(self, target, metadata)
+
+    monkeypatch.setattr(SqlPart, "write_parquet", interrupted)
     with pytest.raises(KeyboardInterrupt):
         ingest_trace_file(make_trace("rank0.json", GOOD_EVENTS), tmp_path / "store", "r")
     assert not list((tmp_path / "store").rglob("*.parquet*"))
@@ -159,12 +168,14 @@ def test_interrupted_file_write_leaves_no_partial_parquet(tmp_path: Path, make_t
 def test_every_parquet_file_carries_the_schema_version(tmp_path: Path, make_trace) -> None:
     import pyarrow.parquet as pq
 
+    from stepscope.store.ingest import PARTS
     from stepscope.store.schema import SCHEMA_VERSION
 
     store = tmp_path / "store"
     ingest_trace_file(make_trace("rank0.json", GOOD_EVENTS), store, "r")
     files = list(store.rglob("*.parquet"))
-    assert len(files) == 4
+    assert len(files) == len(PARTS) + 1  # each part of the trace, and its sources row
+    assert {f.parts[-4] for f in files} == {*PARTS, "sources"}
     for file in files:
         meta = pq.read_schema(file).metadata
         assert meta[b"stepscope.schema_version"] == str(SCHEMA_VERSION).encode()

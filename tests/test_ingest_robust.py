@@ -296,12 +296,12 @@ def test_fifos_devices_sockets_loops_and_missing_paths_get_one_line_each(tmp_pat
 
 @pytest.mark.timeout(30)  # a blocking open of the FIFO would wait for a writer forever
 def test_a_path_swapped_for_a_fifo_after_selection_does_not_hang(tmp_path: Path) -> None:
-    from stepscope.store.kineto import read_bytes
+    from stepscope.store.textstream import TextStream
 
     fifo = tmp_path / "t.json"
     os.mkfifo(fifo)
     with pytest.raises(TraceFormatError, match="not a regular file"):
-        read_bytes(fifo)
+        list(TextStream(fifo).blocks())
 
 
 def test_only_missing_paths_is_exit_3_not_a_usage_error(tmp_path: Path) -> None:

@@ -12,7 +12,9 @@ Definitions (docs/ANALYSIS.md, "Copies"):
   PCIe generation): :data:`LINK_PEAKS`. An unknown GPU, or a device-to-device copy, has no peak
   (null, with the reason in ``absent_reason``): it is never guessed.
 - ``hidden_ns`` is the part of a copy under the rank's compute-kernel union
-  (:mod:`stepscope.analysis.overlap`), ``exposed_ns = dur_ns - hidden_ns``.
+  (:mod:`stepscope.store.rankstats.sweep`), ``exposed_ns = dur_ns - hidden_ns``. Each rank's copies
+  with their hidden time (:mod:`stepscope.store.rankstats.copies`) are computed when its trace is
+  ingested (table ``rank_copies``); this module reads them.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ranks_phrase, rule
 from stepscope.analysis.quantiles import quantile_sql
-from stepscope.analysis.overlap import hidden_ctes
 from stepscope.analysis.sections import SQLStore, section
 from stepscope.render.units import duration
 
@@ -57,7 +58,8 @@ def _link_values() -> str:
 
 
 def _copies_ctes(ranks_sql: str) -> str:
-    """CTEs ``cp`` (one row per copy) with ``hidden`` and the host link of each source."""
+    """CTEs ``copies`` (one row per copy, from the ``rank_copies`` table that ingest wrote for
+    each rank: direction, host memory, hidden time) with the host link of each source."""
     return f"""
 link AS (
   SELECT s.source, arg_min(l.link, l.priority) AS link, arg_min(l.peak_gbps, l.priority) AS peak_gbps
@@ -66,39 +68,28 @@ link AS (
   GROUP BY s.source
 ),
 gpu_name AS (SELECT source, gpu_name FROM sources WHERE run = $run),
-cp AS MATERIALIZED (
-  SELECT row_number() OVER (ORDER BY e.rank, e.source, e.ts_ns, e.stream, e.correlation) AS point_id,
-         e.run, e.rank, e.source, e.step, e.ts_ns, e.dur_ns, e.stream, e.name, e.bytes,
-         CASE e.category WHEN 'memcpy_h2d' THEN 'h2d' WHEN 'memcpy_d2h' THEN 'd2h'
-                         WHEN 'memcpy_d2d' THEN 'd2d' ELSE 'other' END AS direction,
-         CASE WHEN e.name ILIKE '%pageable%' THEN 'pageable'
-              WHEN e.name ILIKE '%pinned%' THEN 'pinned' END AS host_memory
-  FROM events e
-  WHERE e.run = $run AND e.kind = 'memcpy' AND e.dur_ns IS NOT NULL AND {ranks_sql}
-),
-cp_iv AS (SELECT point_id, run, rank, ts_ns AS t0, ts_ns + dur_ns AS t1 FROM cp),
-{hidden_ctes('cp_iv', 'hidden')},
 copies AS (
-  SELECT c.*, coalesce(h.hidden_ns, 0) AS hidden_ns, c.dur_ns - coalesce(h.hidden_ns, 0) AS exposed_ns,
+  SELECT c.run, c.rank, c.source, c.step, c.ts_ns, c.dur_ns, c.stream, c.name, c.bytes, c.direction,
+         c.host_memory, c.hidden_ns, c.exposed_ns,
          CASE WHEN c.direction IN ('h2d', 'd2h') THEN l.link END AS link,
          CASE WHEN c.direction IN ('h2d', 'd2h') THEN l.peak_gbps END AS peak_gbps,
          CASE WHEN c.direction NOT IN ('h2d', 'd2h') THEN 'device-side copy: no host-link peak'
               WHEN l.peak_gbps IS NULL THEN 'no host-link peak known for GPU ' || coalesce(g.gpu_name, '(none recorded)')
          END AS peak_absent_reason
-  FROM cp c LEFT JOIN hidden h USING (point_id)
-  LEFT JOIN link l USING (source) LEFT JOIN gpu_name g USING (source)
+  FROM rank_copies c LEFT JOIN link l USING (source) LEFT JOIN gpu_name g USING (source)
+  WHERE c.run = $run AND {ranks_sql}
 )"""
 
 
-def _params(run: str, ranks: Sequence[int] | None, column: str = "e.rank") -> tuple[str, dict[str, object]]:
+def _params(run: str, ranks: Sequence[int] | None, column: str = "c.rank") -> tuple[str, dict[str, object]]:
     predicate, params = rank_filter(ranks, column)
     return predicate, {"run": run, **params}
 
 
 @cached_frame("copies")
 def _copies_table(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
-    """Every copy of the run with its hidden time and host link: the one query over the store's
-    events (the sweep is its cost), which the frames below aggregate."""
+    """Every copy of the run with its hidden time and host link (from each rank's stored
+    ``rank_copies``), which the frames below aggregate."""
     ranks_sql, params = _params(run, ranks)
     return store.sql(f"WITH {_copies_ctes(ranks_sql)} SELECT * EXCLUDE (source) FROM copies", params)
 

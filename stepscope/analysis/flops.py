@@ -48,10 +48,10 @@ from stepscope.analysis.breakdown import step_windows
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import Finding, Results, Severity, rule
 from stepscope.analysis.flop_formulas import FAMILIES, FLOP_OPS, NoFigure, OpArgs, op_flops
-from stepscope.analysis.parts import COMPUTE
 from stepscope.analysis.peaks import TF32_KERNEL, DevicePeak, device_peak, peak_dtype, torch_dtype
 from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore, section
+from stepscope.store.rankstats.parts import COMPUTE
 
 FLOPS_PER_NS_PER_TFLOPS = 1e3
 """1 TFLOP/s = 1e12 FLOP / 1e9 ns = 1e3 FLOP per ns."""

@@ -5,7 +5,7 @@ and their order come from :mod:`stepscope.analysis.pipeline_stages`.
 
 - **Work items**: on a CPU-only rank its compute ops (CPU ops that are not communication), on a
   GPU rank its compute kernels; each is *issued* at its start (an op) or at its launch (a
-  kernel), and its phase is that of the markers around the issue (:mod:`stepscope.analysis.phase`).
+  kernel), and its phase is that of the markers around the issue (:mod:`stepscope.store.rankstats.phase`).
   Items are taken into a step by their issue time in its CPU window.
 - **Chunks**: where torch's runtime schedules annotate each action (``PP:<stage>F<mb>``), a
   chunk is the items issued inside one compute action, which names its stage, kind and
@@ -44,10 +44,10 @@ from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.breakdown import step_windows
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import Finding, Results, Severity, rule
-from stepscope.analysis.phase import phase_cte
 from stepscope.analysis.pipeline_stages import Pipeline, p2p_transfers, pipelines, schedule_actions
 from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore, section
+from stepscope.store.rankstats.phase import phase_cte
 
 GPIPE, ONE_F_ONE_B, INTERLEAVED, ZERO_BUBBLE, UNKNOWN = "gpipe", "1f1b", "interleaved", "zero_bubble", "unknown"
 """Values of ``pipeline.schedule``."""

@@ -21,7 +21,8 @@ from typing import Any
 
 
 def convert(job: dict[str, Any]) -> dict[str, Any]:
-    """Gzip ``job['plain']`` into ``job['target']`` and ingest it; returns the source id."""
+    """Gzip ``job['plain']`` into ``job['target']`` and ingest it; returns the source id and the
+    run it was stored in (another than asked for when it is another session of the rank)."""
     from stepscope.collector.export import gzip_file
     from stepscope.store.ingest import ingest_trace_file
 
@@ -29,7 +30,7 @@ def convert(job: dict[str, Any]) -> dict[str, Any]:
     done = ingest_trace_file(target, job["store"], job["run_name"], rank=job["rank"],
                              rank_from=job["rank_from"], metadata=job["metadata"],
                              tags=job["tags"])
-    return {"source": done.source, "events": done.events}
+    return {"source": done.source, "events": done.events, "run": done.run}
 
 
 def main() -> int:

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,6 +48,9 @@ class StoreSink:
     trace_dir: Path | None = None
     convert: str = "process"
     convert_timeout_s: float = 3600.0
+    placed: dict[str, str] = field(default_factory=dict, compare=False)
+    """The run each stored trace (by source) went to: the sink's own, or a session run of it
+    when the store already held another recording of this rank (``store.sessions``)."""
 
     @property
     def run(self) -> str:
@@ -76,8 +79,8 @@ class StoreSink:
         exports.clean_up_on_sigterm()
 
     def store_table(self, table: str, source: str, data: pa.Table) -> Path:
-        """Write one of the collector's tables as the part of trace ``source``."""
-        return write_partition(self.store, table, self.run, self.rank, source, data)
+        """Write one of the collector's tables as the part of trace ``source`` (in its run)."""
+        return write_partition(self.store, table, self.placed.get(source, self.run), self.rank, source, data)
 
     def _convert(self, export: Callable[[Path], object], target: Path) -> str:
         plain = target.with_name(target.name + ".export.json")
@@ -89,7 +92,7 @@ class StoreSink:
                "run_name": self.run_name, "rank": self.rank, "rank_from": self.rank_from,
                "metadata": self.metadata, "tags": self.tags}
         if self.convert == "thread":
-            return str(convert_job.convert(job)["source"])
+            return self._placed(convert_job.convert(job))
         try:
             done = subprocess.run([sys.executable, "-m", convert_job.__name__],
                                   input=json.dumps(job), capture_output=True, text=True,
@@ -99,7 +102,12 @@ class StoreSink:
             plain.unlink(missing_ok=True)
         if done.returncode != 0:
             convert_job.raise_failure(done.stdout, done.stderr, done.returncode, target.name)
-        return str(json.loads(done.stdout)["source"])
+        return self._placed(json.loads(done.stdout))
+
+    def _placed(self, result: dict[str, Any]) -> str:
+        source = str(result["source"])
+        self.placed[source] = str(result["run"])
+        return source
 
 
 def _child_environment() -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""``stepscope ingest PATH... --store DIR [--run NAME]``: files given together are one run's ranks."""
+"""``stepscope ingest PATH... --store DIR [--run NAME] [--jobs N] [--on-conflict session|refuse]``:
+files given together are one run's ranks."""
 
 from __future__ import annotations
 
@@ -14,6 +15,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", required=True, type=Path, help="store folder (created if missing)")
     parser.add_argument("--run", help="run name (default: the folder that holds the files)")
     parser.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="tag the run")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="convert N files at once in worker processes (default: the machine's cores; "
+                             "a batch under 32 MB converts in one process)")
+    parser.add_argument("--on-conflict", choices=("session", "refuse"), default="session",
+                        help="another recording of a rank the run holds: store it as a run of its own "
+                             "(session, the default) or refuse it")
+    parser.add_argument("--memory-limit", metavar="SIZE",
+                        help="DuckDB memory per conversion, e.g. 512MB (default: "
+                             "$STEPSCOPE_INGEST_MEMORY_LIMIT or 512MB); a bigger trace spills to disk")
     parser.add_argument("--quiet", action="store_true", help="print only errors")
 
 
@@ -30,7 +40,11 @@ def _tags(pairs: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stepscope.errors import UsageError
     from stepscope.store.ingest import IngestedTrace, ingest_paths
+
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: give at least 1")
 
     bar = None
 
@@ -47,14 +61,18 @@ def run(args: argparse.Namespace) -> int:
             return
         if bar is not None:
             bar.update(1)
+        write = bar.write if bar is not None else print
         if not args.quiet:
             verb = (f"same trace as {outcome.same_as}, already stored, skipped" if outcome.same_as
                     else "already stored, skipped" if outcome.skipped else f"{outcome.events:,} events")
             line = f"{outcome.path}: run {outcome.run} rank {outcome.rank} (rank from {outcome.rank_from}): {verb}"
-            (bar.write if bar is not None else print)(line)
+            write(line + (f"; {outcome.note}" if outcome.note else ""))
+        elif outcome.note:  # said even with --quiet: the trace is not in the run asked for
+            write(f"{outcome.path}: {outcome.note}")
 
     report = ingest_paths(args.paths, args.store, args.run, tags=_tags(args.tag),
-                          on_selected=selected, on_done=done)
+                          jobs=args.jobs, on_conflict=args.on_conflict,
+                          memory_limit=args.memory_limit, on_selected=selected, on_done=done)
     if bar is not None:
         bar.close()
     if not args.quiet:

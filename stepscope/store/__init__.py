@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from stepscope.store.schema import SCHEMA_VERSION
+from stepscope.store.constants import SCHEMA_VERSION
 
 __all__ = ["SCHEMA_VERSION", "Store", "open_store"]
 

@@ -3,7 +3,8 @@ renamed into place.
 
 Every file stepscope writes for readers to find (Parquet parts, the dedupe index, baselines and
 acceptances, cached frames and documents, exported traces, the report's script cache) goes
-through :func:`atomic_write`, so a reader sees the old file or the whole new one, never half:
+through :func:`atomic_write` (or :func:`atomic_path`, for a writer that opens the file itself),
+so a reader sees the old file or the whole new one, never half:
 
 - the temporary name is unique per writer, ``<name>.<pid>.<random>.tmp`` (two processes or
   threads writing the same file each rename a complete file of their own; the last rename wins;
@@ -49,25 +50,45 @@ def remove_stale_temporaries(target: Path, older_than_s: float = STALE_TMP_S) ->
 
 
 @contextlib.contextmanager
-def atomic_write(target: Path | str, mode: str = "wb", encoding: str | None = None) -> Iterator[IO[Any]]:
-    """Open a temporary file beside ``target`` (creating its folder) and yield it; when the block
-    ends without error, flush, fsync and rename it over ``target``; otherwise remove it."""
+def atomic_path(target: Path | str) -> Iterator[Path]:
+    """Yield a temporary path beside ``target`` (creating its folder) for a writer that opens the
+    file itself (DuckDB's ``COPY ... TO``); when the block ends without error, fsync the file and
+    rename it over ``target``; otherwise remove it."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(target)
     tmp = temporary_path(target)
     try:
-        with open(tmp, mode, encoding=encoding) as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
+@contextlib.contextmanager
+def atomic_write(target: Path | str, mode: str = "wb", encoding: str | None = None) -> Iterator[IO[Any]]:
+    """Open a temporary file beside ``target`` (creating its folder) and yield it; when the block
+    ends without error, flush, fsync and rename it over ``target``; otherwise remove it."""
+    with atomic_path(target) as tmp, open(tmp, mode, encoding=encoding) as handle:
+        yield handle
+        handle.flush()
+
+
 def write_text_atomic(target: Path | str, text: str) -> None:
     """Replace ``target`` with ``text`` (UTF-8), atomically."""
     with atomic_write(target, "w", encoding="utf-8") as handle:
         handle.write(text)
+
+
+def move_file(source: Path | str, target: Path | str) -> None:
+    """Move a complete file to ``target`` (creating its folder): one rename, so a reader sees it
+    at one place or the other (same file system)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(source, target)

@@ -7,14 +7,8 @@ exists) and the schema-version check.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import copy
-import itertools
-import os
-import secrets
-import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -24,40 +18,12 @@ import pyarrow as pa
 
 from stepscope.errors import InternalError, StoreError, UsageError
 from stepscope.store import schema
+from stepscope.store.engine import DEFAULT_MEMORY_LIMIT, MEMORY_LIMIT_ENV, THREADS, connect, resolve_memory_limit
+
+__all__ = ["DEFAULT_MEMORY_LIMIT", "MEMORY_LIMIT_ENV", "THREADS", "Store", "connect", "open_store",
+           "resolve_memory_limit"]
 
 READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
-
-MEMORY_LIMIT_ENV = "STEPSCOPE_MEMORY_LIMIT"
-DEFAULT_MEMORY_LIMIT = "50%"
-"""DuckDB's own default is 80% of RAM: a cross join in the SQL console reached 11.6 GB in 30 s.
-Half of RAM leaves room for the training job, the dashboard server or the ingest beside it."""
-
-THREADS = 2
-
-_SPILL_ROOT = Path(tempfile.gettempdir()) / f"stepscope-duckdb-{os.getpid()}-{secrets.token_hex(4)}"
-_spill_numbers = itertools.count()
-atexit.register(shutil.rmtree, _SPILL_ROOT, ignore_errors=True)
-
-
-def resolve_memory_limit(override: str | None = None) -> str:
-    """The memory limit for DuckDB: ``override``, else ``$STEPSCOPE_MEMORY_LIMIT``, else 50%
-    (of RAM; DuckDB also accepts sizes such as ``8GB``)."""
-    return override or os.environ.get(MEMORY_LIMIT_ENV) or DEFAULT_MEMORY_LIMIT
-
-
-def connect(*, limit: str | None = None, spill: bool = True) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with the tool's limits; every connection stepscope opens
-    comes from here. ``spill=False`` turns spilling to disk off (the SQL sandbox: its temporary
-    folder would otherwise be readable through it); else each connection spills into a private
-    folder of this process's own under the system's temporary directory, never ``./.tmp``."""
-    chosen = resolve_memory_limit(limit)
-    spill_to = str(_SPILL_ROOT / str(next(_spill_numbers))) if spill else ""
-    try:
-        return duckdb.connect(":memory:", config={"threads": THREADS, "memory_limit": chosen,
-                                                  "temp_directory": spill_to})
-    except duckdb.Error as exc:
-        raise UsageError(f"memory limit {chosen!r} (--memory-limit or ${MEMORY_LIMIT_ENV}): "
-                         f"not a size such as 8GB or 40% ({exc})") from exc
 
 _HIVE = "hive_partitioning = true, hive_types = {'run': VARCHAR, 'rank': INTEGER}, union_by_name = true"
 
@@ -117,6 +83,12 @@ class Store:
             raise StoreError(
                 f"{self.root}: store written with schema version {versions[-1]}, newer than this "
                 f"stepscope understands ({schema.SCHEMA_VERSION}); upgrade stepscope"
+            )
+        if versions and versions[0] < schema.SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.root}: store written with schema version {versions[0]}, older than this "
+                f"stepscope's ({schema.SCHEMA_VERSION}); bring it up to date once with "
+                f"`stepscope migrate --store {self.root}`"
             )
 
     def _empty_relation(self, table: schema.Table) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import Any
 
 KIND_BY_CAT: dict[str, str] = {
     # Current Kineto categories.
@@ -91,78 +92,109 @@ COLLECTIVE_NAMES: tuple[tuple[str, str], ...] = (
 Order matters: ``reduce_scatter`` before ``reduce``, ``all_gather`` before ``gather``."""
 
 
-def _compile(rules: tuple[tuple[str, str], ...]) -> list[tuple[re.Pattern[str], str]]:
-    return [(re.compile(pattern, re.IGNORECASE), value) for pattern, value in rules]
-
-
-_COMM_KERNELS = _compile(COMMUNICATION_KERNELS)
-_COMM_HOST = _compile(COMMUNICATION_HOST_OPS)
-_MEMCPY = _compile(MEMCPY_DIRECTIONS)
-_COLLECTIVES = _compile(COLLECTIVE_NAMES)
-
 HOST_KINDS = frozenset({"cpu_op", "python_function", "user_annotation", "cuda_runtime", "cuda_driver"})
+GPU_SIDE_KINDS = frozenset({"kernel", "memcpy", "memset", "gpu_annotation"})
+"""Kinds that run on the device and take the step of the runtime call that launched them."""
+LAUNCH_KINDS = frozenset({"cuda_runtime", "cuda_driver"})
+"""Kinds whose ``correlation`` ties a launch to the GPU work it issued."""
+STEP_KINDS = frozenset({"user_annotation", "cpu_op"})
+"""Kinds whose ``ProfilerStep#N`` events mark a profiler step's window."""
+COLLECTIVE_PREFIXES = ("ncclkernel_", "nccldevkernel_")
+"""Stripped (lower-cased) from a kernel's name before its collective is looked up."""
 
 
-def is_communication_kernel(name: str) -> bool:
-    """True when a GPU kernel's name marks it as a collective or point-to-point transfer."""
-    return any(pattern.search(name) for pattern, _ in _COMM_KERNELS)
+# --- the tables compiled to SQL: ingest classifies every event in DuckDB with these -----------
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
-def is_communication_host_op(name: str) -> bool:
-    """True when a host op or annotation is a collective call."""
-    return any(pattern.search(name) for pattern, _ in _COMM_HOST)
+def _any_of(rules: tuple[tuple[str, str], ...], case_insensitive: bool = True) -> str:
+    """One RE2 pattern matching where any rule's pattern matches (search semantics)."""
+    joined = "|".join(f"(?:{pattern})" for pattern, _ in rules)
+    return _quote(("(?i)" if case_insensitive else "") + joined)
 
 
-def memcpy_direction(name: str) -> str:
-    """Category of a memcpy by its name: ``memcpy_h2d``, ``memcpy_d2h``, ``memcpy_d2d`` or other."""
-    for pattern, category in _MEMCPY:
-        if pattern.search(name):
-            return category
-    return "memcpy_other"
+def _sql_set(values: frozenset[str]) -> str:
+    return "(" + ", ".join(_quote(v) for v in sorted(values)) + ")"
 
 
-def kind_of(cat: str | None, name: str, ph: str) -> str:
-    """The event's ``kind`` from its Kineto category, name and phase."""
-    if name == "[memory]":
-        return "memory"
-    kind = KIND_BY_CAT.get((cat or "").lower())
-    if kind is not None:
-        return kind
-    if ph in FLOW_PHASES:
-        return "flow"
-    return "other"
+def kind_sql(cat: str, name: str, ph: str) -> str:
+    """SQL for ``events.kind`` from the SQL expressions of Kineto's ``cat``, ``name`` and ``ph``."""
+    by_cat = " ".join(f"WHEN {_quote(c)} THEN {_quote(k)}" for c, k in KIND_BY_CAT.items())
+    return (f"CASE WHEN {name} = '[memory]' THEN 'memory' ELSE coalesce(CASE lower({cat}) {by_cat} END, "
+            f"CASE WHEN {ph} IN {_sql_set(FLOW_PHASES)} THEN 'flow' ELSE 'other' END) END")
+
+
+def category_sql(kind: str, cat: str, name: str) -> str:
+    """SQL for ``events.category`` from the expressions of the event's kind, ``cat`` and name."""
+    memcpy = " ".join(f"WHEN regexp_matches({name}, {_quote('(?i)' + p)}) THEN {_quote(c)}"
+                      for p, c in MEMCPY_DIRECTIONS)
+    host_kinds = HOST_KINDS - LAUNCH_KINDS
+    return f"""CASE
+        WHEN {kind} = 'kernel' THEN CASE WHEN regexp_matches({name}, {_any_of(COMMUNICATION_KERNELS)})
+                                         THEN 'communication' ELSE 'compute' END
+        WHEN {kind} = 'memcpy' THEN CASE {memcpy} ELSE 'memcpy_other' END
+        WHEN {kind} = 'memset' THEN 'memset'
+        WHEN {kind} IN {_sql_set(LAUNCH_KINDS)}
+            THEN CASE WHEN regexp_matches({name}, {_quote(SYNC_RUNTIME_CALLS.pattern)}) THEN 'sync' ELSE 'host' END
+        WHEN {kind} IN {_sql_set(host_kinds)}
+            THEN CASE WHEN regexp_matches({name}, {_any_of(COMMUNICATION_HOST_OPS)})
+                      THEN 'communication' ELSE 'host' END
+        WHEN {kind} = 'other' AND lower({cat}) IN {_sql_set(SYNC_CATS)} THEN 'sync'
+    END"""
+
+
+def collective_sql(name: str) -> str:
+    """SQL for the normalised collective of a name (``Collective name`` arg or op/kernel name)."""
+    prefixes = "".join(f"({p})?" for p in COLLECTIVE_PREFIXES)
+    lowered = f"regexp_replace(lower({name}), {_quote('^' + prefixes)}, '')"
+    cases = " ".join(f"WHEN regexp_matches({lowered}, {_quote(p)}) THEN {_quote(c)}" for p, c in COLLECTIVE_NAMES)
+    return f"CASE {cases} END"
+
+
+def dtype_key_sql(dtype: str) -> str:
+    """SQL for the ``DTYPE_BYTES`` key of a dtype name (lower case, ``c10::``/``torch.`` dropped)."""
+    return f"regexp_replace(regexp_replace(lower({dtype}), '^c10::', ''), '^torch\\.', '')"
+
+
+def dtype_bytes_sql(dtype: str) -> str:
+    """SQL for the element size of a dtype name, null when unknown."""
+    cases = " ".join(f"WHEN {_quote(k)} THEN {v}" for k, v in DTYPE_BYTES.items())
+    return f"CASE {dtype_key_sql(dtype)} {cases} END"
+
+
+# --- the same SQL, evaluated for one value (tests, other callers) ------------------------------
+
+@lru_cache(maxsize=1)
+def _connection() -> Any:
+    from stepscope.store.engine import connect
+
+    return connect(limit="256MB", spill=False, threads=1)
+
+
+def _one(select: str, params: dict[str, Any]) -> tuple[Any, ...]:
+    return _connection().execute(f"SELECT {select}", params).fetchone()
 
 
 @lru_cache(maxsize=65536)
 def classify(cat: str | None, name: str, ph: str) -> tuple[str, str | None]:
-    """``(kind, category)`` of one event. Cached: real traces repeat a few thousand names."""
-    kind = kind_of(cat, name, ph)
-    if kind == "kernel":
-        return kind, "communication" if is_communication_kernel(name) else "compute"
-    if kind == "memcpy":
-        return kind, memcpy_direction(name)
-    if kind == "memset":
-        return kind, "memset"
-    if kind in ("cuda_runtime", "cuda_driver"):
-        return kind, "sync" if SYNC_RUNTIME_CALLS.match(name) else "host"
-    if kind in HOST_KINDS:
-        return kind, "communication" if is_communication_host_op(name) else "host"
-    if kind == "other" and (cat or "").lower() in SYNC_CATS:
-        return kind, "sync"
-    return kind, None
+    """``(kind, category)`` of one event, by the SQL that ingest runs on every event."""
+    kind = kind_sql("$cat::VARCHAR", "$name::VARCHAR", "$ph::VARCHAR")
+    return _one(f"{kind}, {category_sql(kind, '$cat::VARCHAR', '$name::VARCHAR')}",
+                {"cat": cat, "name": name, "ph": ph})
+
+
+@lru_cache(maxsize=4096)
+def is_communication_host_op(name: str) -> bool:
+    """True when a host op or annotation is a collective call (the rule ingest applies)."""
+    return bool(_one(f"regexp_matches($name::VARCHAR, {_any_of(COMMUNICATION_HOST_OPS)})", {"name": name})[0])
 
 
 @lru_cache(maxsize=4096)
 def normalise_collective(name: str) -> str | None:
     """``all_reduce`` from ``allreduce``, ``_allgather_base``, ``ncclDevKernel_AllReduce_...``."""
-    lowered = name.lower()
-    for prefix in ("ncclkernel_", "nccldevkernel_"):
-        if lowered.startswith(prefix):
-            lowered = lowered[len(prefix):]
-    for pattern, collective in _COLLECTIVES:
-        if pattern.search(lowered):
-            return collective
-    return None
+    return _one(collective_sql("$name::VARCHAR"), {"name": name})[0]
 
 
 DTYPE_BYTES: dict[str, int] = {
@@ -179,5 +211,4 @@ def dtype_bytes(dtype: str | None) -> int | None:
     """Element size of a dtype name (``Float``, ``c10::BFloat16``, ``float``), or None."""
     if not dtype:
         return None
-    key = dtype.lower().removeprefix("c10::").removeprefix("torch.")
-    return DTYPE_BYTES.get(key)
+    return _one(dtype_bytes_sql("$dtype::VARCHAR"), {"dtype": dtype})[0]

@@ -3,8 +3,8 @@
 Two copies of one trace (``.json`` and ``.json.gz``, or re-indented) have different sha256s; stored
 both, they doubled the rank's rows and the summary failed on the overlap. So every trace also
 gets a content hash: the sha256 of its decompressed JSON with all whitespace outside strings
-removed (``msgspec.json.format(text, indent=-1)``, one C pass, ~0.1 s on 54 MB), stored beside the
-file's sha256 in ``sources.content_sha256``. A trace whose content is already in the run is
+removed (what ``msgspec.json.format(text, indent=-1)`` gives; computed piece by piece as the text
+streams through, ``split.py``), stored beside the file's sha256 in ``sources.content_sha256``. A trace whose content is already in the run is
 skipped like an identical file.
 
 Two *different* traces of one rank whose time ranges overlap cannot both be that rank (they are two
@@ -25,16 +25,13 @@ row exists), and the overlap check reads only the ``sources`` parts of the trace
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import msgspec
-import pyarrow.parquet as pq
-
 from stepscope.store.atomic import write_text_atomic
+from stepscope.store.engine import scratch
 from stepscope.store.writer import part_path
 
 try:
@@ -48,13 +45,6 @@ LOCK_NAME = ".commit.lock"
 INDEX_NAME = ".content"
 """The content index folder at the store's root: one small file per committed trace."""
 
-_COLUMNS = ("source", "path", "trace_start_ns", "trace_end_ns")
-
-
-def content_sha256(text: bytes) -> str:
-    """sha256 of the JSON text with whitespace outside strings removed (``text`` must parse)."""
-    return hashlib.sha256(msgspec.json.format(text, indent=-1)).hexdigest()
-
 
 @dataclass(frozen=True)
 class StoredTrace:
@@ -65,13 +55,41 @@ class StoredTrace:
     path: str | None
     start_ns: int | None
     end_ns: int | None
+    process_id: int | None = None
+    run: str = ""
+
+
+def _rows(part: Path) -> list[dict[str, object]]:
+    """The rows of one small part (DuckDB: no pyarrow import in an ingest)."""
+    cursor = scratch()
+    try:
+        cursor.execute("SELECT * FROM read_parquet(?)", [str(part)])
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row)) for row in cursor.fetchall()]
+    finally:
+        cursor.close()
 
 
 def _read(part: Path, rank: int) -> list[StoredTrace]:
-    """The traces one ``sources`` part commits. ``ParquetFile`` rather than a dataset:
-    ``pyarrow.dataset`` costs 0.2 s to import."""
-    rows = pq.ParquetFile(part).read(columns=list(_COLUMNS)).to_pylist()
-    return [StoredTrace(r["source"], rank, r["path"], r["trace_start_ns"], r["trace_end_ns"]) for r in rows]
+    """The traces one ``sources`` part commits. Columns a store of an older schema version lacks
+    read as null."""
+    run = part.parent.parent.name.removeprefix("run=")
+    return [StoredTrace(r["source"], rank, r["path"], r["trace_start_ns"], r["trace_end_ns"],
+                        r.get("process_id"), run) for r in _rows(part)]
+
+
+def rank_traces(root: Path, run: str, rank: int) -> list[StoredTrace]:
+    """Every committed trace of one rank of a run (it reads that rank's ``sources`` parts only)."""
+    folder = part_path(root, "sources", run, rank, "x").parent
+    return [t for part in sorted(folder.glob("part-*.parquet")) for t in _read(part, rank)]
+
+
+def stored_steps(root: Path, trace: StoredTrace) -> frozenset[int]:
+    """The ``ProfilerStep`` numbers a committed trace holds (its ``steps`` part)."""
+    part = part_path(root, "steps", trace.run, trace.rank, trace.source)
+    if not part.is_file():
+        return frozenset()
+    return frozenset(r["step"] for r in _rows(part))
 
 
 def _committed(root: Path, run: str, rank: int, source: str) -> StoredTrace | None:
@@ -103,12 +121,13 @@ def overlapping(root: Path, run: str, rank: int, start_ns: int | None,
     (ranges that only touch do not overlap)."""
     if start_ns is None or end_ns is None:
         return None
-    folder = part_path(root, "sources", run, rank, "x").parent
-    for part in sorted(folder.glob("part-*.parquet")):
-        for t in _read(part, rank):
-            if t.start_ns is not None and t.end_ns is not None and t.start_ns < end_ns and start_ns < t.end_ns:
-                return t
-    return None
+    return next((t for t in rank_traces(root, run, rank) if overlaps(t, start_ns, end_ns)), None)
+
+
+def overlaps(trace: StoredTrace, start_ns: int | None, end_ns: int | None) -> bool:
+    """Does ``trace`` overlap ``[start_ns, end_ns]`` in time (touching is not overlapping)?"""
+    return (None not in (trace.start_ns, trace.end_ns, start_ns, end_ns)
+            and trace.start_ns < end_ns and start_ns < trace.end_ns)
 
 
 def record_content(root: Path, run: str, content: str, rank: int, source: str) -> None:

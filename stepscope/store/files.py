@@ -15,7 +15,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import BinaryIO, Iterable
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -104,15 +104,23 @@ def select_trace_files(paths: Iterable[str | Path]) -> Selection:
     return selection
 
 
-def read_regular_file(path: Path) -> bytes:
-    """The bytes of ``path``; raises ``NotRegularFile`` (an ``OSError``) for anything else.
+def open_regular_file(path: Path) -> BinaryIO:
+    """``path`` opened for reading; raises ``NotRegularFile`` (an ``OSError``) for anything but a
+    regular file.
 
     Opened non-blocking, so that opening a FIFO returns at once instead of waiting for a writer;
     the type is checked on the descriptor itself, so nothing can be swapped in after the check.
     """
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as handle:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotRegularFile(_kind(mode))
+    handle = os.fdopen(fd, "rb")
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        handle.close()
+        raise NotRegularFile(_kind(mode))
+    return handle
+
+
+def read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path`` (see ``open_regular_file``)."""
+    with open_regular_file(path) as handle:
         return handle.read()

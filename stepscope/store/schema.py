@@ -14,24 +14,18 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
-"""Bump on any change a reader would notice; readers refuse files from a newer version."""
-
-SCHEMA_VERSION_KEY = b"stepscope.schema_version"
-TABLE_KEY = b"stepscope.table"
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-"""The range of every integer column: a number outside it is refused ("out of range"), never
-stored as 0 or wrapped round."""
-
-
-def out_of_range(what: str, value: object, unit: str = "") -> str:
-    """The one wording of that refusal: ``<what> <value> is out of range (...)``, the value cut
-    short when it has hundreds of digits."""
-    text = str(value)
-    if len(text) > 32:
-        text = f"{text[:12]}...({len(text)} characters)"
-    return f"{what} {text} is out of range (the store holds int64{' ' + unit if unit else ''})"
+from stepscope.store.rankstats.breakdown import WINDOW_COLUMNS, stored_columns
+from stepscope.store.rankstats.parts import GPU, HOST, Breakdown
+from stepscope.store.constants import (  # noqa: F401 - part of this module's interface
+    INT64_MAX,
+    INT64_MIN,
+    SCHEMA_VERSION,
+    SCHEMA_VERSION_KEY,
+    SOURCES_COLUMNS,
+    TABLE_KEY,
+    file_metadata,
+    out_of_range,
+)
 
 KINDS = (
     "cpu_op",
@@ -121,32 +115,10 @@ MEMORY = pa.schema(
     ]
 )
 
-SOURCES = pa.schema(
-    [
-        pa.field("source", pa.string(), nullable=False),
-        pa.field("run_name", pa.string(), nullable=False),
-        pa.field("path", pa.string()),
-        pa.field("sha256", pa.string(), nullable=False),
-        pa.field("content_sha256", pa.string()),
-        pa.field("file_bytes", pa.int64()),
-        pa.field("ingested_at", pa.timestamp("us", tz="UTC"), nullable=False),
-        pa.field("rank_from", pa.string(), nullable=False),
-        pa.field("trace_schema_version", pa.string()),
-        pa.field("trace_start_ns", pa.int64()),
-        pa.field("trace_end_ns", pa.int64()),
-        pa.field("event_count", pa.int64()),
-        pa.field("backend", pa.string()),
-        pa.field("world_size", pa.int64()),
-        pa.field("gpu_name", pa.string()),
-        pa.field("gpu_memory_bytes", pa.int64()),
-        pa.field("gpu_sm_count", pa.int64()),
-        pa.field("gpu_count", pa.int64()),
-        pa.field("device_properties", pa.string()),
-        pa.field("distributed_info", pa.string()),
-        pa.field("metadata", pa.string()),
-        pa.field("tags", pa.string()),
-    ]
-)
+_ARROW_TYPES = {"string": pa.string(), "int64": pa.int64(), "timestamp_utc": pa.timestamp("us", tz="UTC")}
+
+SOURCES = pa.schema([pa.field(name, _ARROW_TYPES[kind], nullable=nullable)
+                     for name, kind, nullable in SOURCES_COLUMNS])
 
 STEP_TIMES = pa.schema(
     [
@@ -207,6 +179,141 @@ CAPTURES = pa.schema(
 )
 
 
+RANK_COPIES = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("step", pa.int64()),
+        pa.field("ts_ns", pa.int64()),
+        pa.field("dur_ns", pa.int64()),
+        pa.field("stream", pa.int64()),
+        pa.field("name", pa.string()),
+        pa.field("bytes", pa.int64()),
+        pa.field("direction", _STR),
+        pa.field("host_memory", _STR),
+        pa.field("hidden_ns", pa.int64()),
+        pa.field("exposed_ns", pa.int64()),
+    ]
+)
+"""Each rank's copies with their hidden time: computed at ingest (``stepscope.store.rankstats``)."""
+
+
+def _rank_step(breakdown: Breakdown) -> pa.Schema:
+    """``rank_step_<name>``: a step's window and its parts, columns from the part catalogue."""
+    return pa.schema(
+        [pa.field("source", _STR, nullable=False), pa.field("step", pa.int64(), nullable=False)]
+        + [pa.field(name, pa.int64()) for name, _ in WINDOW_COLUMNS[breakdown]]
+        + [pa.field(column, pa.int64(), nullable=False) for column in stored_columns(breakdown)]
+    )
+
+
+RANK_STEP_GPU = _rank_step(GPU)
+RANK_STEP_HOST = _rank_step(HOST)
+
+RANK_GPU_TOTALS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("scope", _STR, nullable=False),
+        pa.field("gpu_start_ns", pa.int64(), nullable=False),
+        pa.field("gpu_end_ns", pa.int64(), nullable=False),
+        pa.field("gpu_events", pa.int64(), nullable=False),
+        pa.field("gpu_busy_ns", pa.int64(), nullable=False),
+        pa.field("compute_ns", pa.int64(), nullable=False),
+        pa.field("comm_ns", pa.int64(), nullable=False),
+        pa.field("comm_comp_overlap_ns", pa.int64(), nullable=False),
+    ]
+)
+
+RANK_COMM_SPANS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("part", _STR, nullable=False),
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("s0", pa.int64(), nullable=False),
+        pa.field("s1", pa.int64(), nullable=False),
+    ]
+)
+
+RANK_COLLECTIVES = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("pid", pa.int64()),
+        pa.field("tid", pa.int64()),
+        pa.field("step", pa.int64()),
+        pa.field("name", pa.string()),
+        pa.field("ts_ns", pa.int64(), nullable=False),
+        pa.field("dur_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("stream", pa.int64()),
+        pa.field("correlation", pa.int64()),
+        pa.field("host_side", pa.bool_(), nullable=False),
+        pa.field("collective", _STR),
+        pa.field("bytes", pa.int64()),
+        pa.field("dtype", _STR),
+        pa.field("group_size", pa.int64()),
+        pa.field("pg_name", _STR),
+        pa.field("pg_desc", _STR),
+        pa.field("pg_ranks", pa.string()),
+        pa.field("comm_seq", pa.int64()),
+        pa.field("linked", pa.bool_(), nullable=False),
+        pa.field("phase", _STR),
+    ]
+)
+
+RANK_HIDING_SPANS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("s0", pa.int64(), nullable=False),
+        pa.field("s1", pa.int64(), nullable=False),
+    ]
+)
+"""Each rank's collective events with what each is (``stepscope.store.rankstats.collectives``)."""
+
+RANK_KERNELS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("name", pa.string()),
+        pa.field("kind", _STR),
+        pa.field("category", _STR),
+        pa.field("count", pa.int64(), nullable=False),
+        pa.field("total_ns", pa.int64(), nullable=False),
+        pa.field("max_ns", pa.int64(), nullable=False),
+    ]
+)
+"""Each rank's GPU work by name (``stepscope.store.rankstats.kernels``)."""
+
+RANK_CPU_OPS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("name", pa.string()),
+        pa.field("category", _STR),
+        pa.field("count", pa.int64(), nullable=False),
+        pa.field("total_ns", pa.int64(), nullable=False),
+        pa.field("self_ns", pa.int64(), nullable=False),
+        pa.field("sync_ns", pa.int64(), nullable=False),
+        pa.field("max_ns", pa.int64(), nullable=False),
+    ]
+)
+"""Each rank's CPU operators by name, with self and synchronisation time."""
+
+RANK_MEMORY_PEAKS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("device_type", pa.int64()),
+        pa.field("device", pa.int64()),
+        pa.field("step", pa.int64()),
+        pa.field("events", pa.int64(), nullable=False),
+        pa.field("peak_allocated_bytes", pa.int64()),
+        pa.field("peak_ts_ns", pa.int64()),
+        pa.field("peak_reserved_bytes", pa.int64()),
+        pa.field("min_allocated_bytes", pa.int64()),
+        pa.field("rebuilt", pa.bool_()),
+        pa.field("phase", _STR),
+        pa.field("ops_at_peak", pa.list_(pa.string())),
+    ]
+)
+"""Each rank's memory peak per device and step (``stepscope.store.rankstats.memory``)."""
+
+
 @dataclass(frozen=True)
 class Table:
     """A stored table: its directory under the store root and its Arrow schema."""
@@ -227,6 +334,16 @@ TABLES: dict[str, Table] = {
         Table("memory_roles", MEMORY_ROLES, "storage of parameters, gradients, optimizer state"),
         Table("memory_snapshot", MEMORY_SNAPSHOT, "CUDA caching-allocator snapshot: segments, blocks, alloc/free history"),
         Table("captures", CAPTURES, "one row per rank and capture the watch triggered"),
+        Table("rank_copies", RANK_COPIES, "one row per copy of a rank, with the time compute hides of it (computed at ingest)"),
+        Table("rank_step_gpu", RANK_STEP_GPU, "one row per step of a rank with GPU work: its GPU parts (computed at ingest)"),
+        Table("rank_step_host", RANK_STEP_HOST, "one row per step of a rank: its host parts (computed at ingest)"),
+        Table("rank_gpu_totals", RANK_GPU_TOTALS, "whole-trace GPU totals of a rank, as HTA defines them (computed at ingest)"),
+        Table("rank_comm_spans", RANK_COMM_SPANS, "where each step's exposed communication lies (computed at ingest)"),
+        Table("rank_collectives", RANK_COLLECTIVES, "one row per collective event of a rank, with what it is (computed at ingest)"),
+        Table("rank_hiding_spans", RANK_HIDING_SPANS, "what hides a rank's collectives, as disjoint stretches (computed at ingest)"),
+        Table("rank_kernels", RANK_KERNELS, "one row per GPU activity name of a rank (computed at ingest)"),
+        Table("rank_cpu_ops", RANK_CPU_OPS, "one row per CPU operator name of a rank, with self time (computed at ingest)"),
+        Table("rank_memory_peaks", RANK_MEMORY_PEAKS, "one row per device and step of a rank: its memory peak (computed at ingest)"),
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""
@@ -236,7 +353,3 @@ REWRITTEN_TABLES: tuple[str, ...] = ("step_times", "memory_roles", "memory_snaps
 rewrite later (``step_times`` every few minutes of a long job): the committed sources alone do not
 say what they hold, so whatever caches answers per run must also look at their files."""
 
-
-def file_metadata(table: str) -> dict[bytes, bytes]:
-    """Key/value metadata written into every Parquet file of ``table``."""
-    return {SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode(), TABLE_KEY: table.encode()}
