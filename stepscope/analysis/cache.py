@@ -64,6 +64,13 @@ CACHE_ENV = "STEPSCOPE_NO_CACHE"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _cache_root(store: Any) -> Path | None:
+    """Where ``store``'s frames are cached: its ``cache_root`` (a local folder, also for a store
+    on object storage), else its ``root``; None (no cache) for an object without either."""
+    root = getattr(store, "cache_root", None) or getattr(store, "root", None)
+    return None if root is None else Path(root)
+
+
 def run_key(store: Any, run: str, args: str) -> str:
     """Hash of the run's sources, the schema version, the frame's arguments and the code."""
     rows = store.sql(
@@ -76,7 +83,7 @@ def run_key(store: Any, run: str, args: str) -> str:
 def cached_json(store: Any, name: str, run: str, args: object, compute: Callable[[], Any]) -> Any:
     """Cache a JSON document derived from the whole analysis package (e.g. the summary), keyed
     like the frames."""
-    root = getattr(store, "root", None)
+    root = _cache_root(store)
     if root is None or os.environ.get(CACHE_ENV) == "1":
         return compute()
     key = run_key(store, run, repr(args))
@@ -143,7 +150,7 @@ def cached_frame(frame: str) -> Callable[[F], F]:
             bound = signature.bind(store, run, *args, **kwargs)
             bound.apply_defaults()
             options = {k: v for k, v in bound.arguments.items() if k not in ("store", "run")}
-            root = getattr(store, "root", None)
+            root = _cache_root(store)
             if options.get("ranks") is not None or root is None or os.environ.get(CACHE_ENV) == "1":
                 return func(store, run, *args, **kwargs)
             key = run_key(store, run, repr(sorted(options.items())))
