@@ -206,3 +206,30 @@ def test_ray_ingest_into_s3_answers_as_locally(s3: Any, ray_cluster: Any, tmp_pa
     assert [(t.rank, t.source, t.events) for t in remote.stored] == [(t.rank, t.source, t.events)
                                                                      for t in local.stored]
     assert _summary(url, "late") == _summary(tmp_path / "local", "late")
+
+
+def test_profile_writes_into_s3(s3: Any) -> None:
+    """``stepscope.profile(store="s3://...")``: the trace and the collector's tables (step times)
+    land in the object store, committed, with nothing exported left behind."""
+    torch = pytest.importorskip("torch")
+    import tests.collector_support  # noqa: F401  (puts examples/ on the path)
+    import toy_transformer
+
+    import stepscope
+
+    torch.set_num_threads(1)
+    tiny = toy_transformer.ToyConfig(vocab=64, d_model=32, heads=2, layers=1, ff=64, seq=16, batch=2)
+    model, optimizer = toy_transformer.build(tiny)
+    data = torch.Generator().manual_seed(0)
+    url = "s3://stepscope-test/profile"
+    with stepscope.profile(store=url, run="live", wait=1, warmup=1, active=1, model=model, optimizer=optimizer,
+                           convert="thread", strict=True) as prof:
+        for _ in range(4):
+            toy_transformer.train_step(model, optimizer, toy_transformer.synthetic_batch(tiny, data))
+            prof.step()
+    with open_store(url) as opened:
+        assert opened.sql("SELECT ranks FROM runs").to_pylist() == [{"ranks": 1}]
+        timed = opened.sql("SELECT step, profiled FROM step_times ORDER BY step").to_pylist()
+        assert [(r["step"], r["profiled"]) for r in timed] == [(s, s == 2) for s in range(4)]
+        assert opened.sql("SELECT count(*) AS n FROM events").column("n")[0].as_py() > 0
+    assert not [k for k in _keys(s3, url) if ".json" in k]

@@ -238,6 +238,21 @@ def convert_file(path: str | Path, url: str, run: str, **options: Any) -> ingest
         shutil.rmtree(work, ignore_errors=True)
 
 
+def write_partition(url: str, table: str, run: str, rank: int, source: str, data: Any) -> str:
+    """``writer.write_partition`` into the store at ``url``: written in a local temporary
+    folder, then uploaded to its key (the collector's tables beside a committed trace)."""
+    from stepscope.store.writer import write_partition as write_local_partition
+
+    store = RemoteStore(url)
+    work = Path(tempfile.mkdtemp(prefix="stepscope-part-"))
+    try:
+        written = write_local_partition(work, table, run, rank, source, data)
+        store.upload(work, [Path(written)])
+        return f"{store.url}/{Path(written).relative_to(work).as_posix()}"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def _new_files(shadow: Path, before: set[Path]) -> list[Path]:
     """The files a commit wrote into ``shadow``, in upload order (``COMMIT_TABLES``)."""
     return [f for table in COMMIT_TABLES for f in sorted((shadow / table).rglob("*"))
