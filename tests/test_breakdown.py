@@ -12,7 +12,7 @@ import pytest
 
 from stepscope.analysis.absent import NO_GPU_EVENTS, NO_STEPS, Absent
 from stepscope.analysis.breakdown import host_breakdown, rank_totals, step_breakdown, step_windows
-from stepscope.analysis.parts import GPU, HOST
+from stepscope.store.rankstats.parts import GPU, HOST
 from stepscope.store import open_store
 from tests._intervals import clip, intersect, length, load_trace, subtract, to_ns, union
 

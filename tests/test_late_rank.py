@@ -17,7 +17,7 @@ from stepscope.analysis.breakdown import host_breakdown, step_breakdown
 from stepscope.analysis.findings import RULES
 from stepscope.analysis.lateness import late_arrivals, late_section
 from stepscope.analysis.matching import clock_offsets
-from stepscope.analysis.parts import COMM_EXPOSED, COMMUNICATION_OPS, GPU, HOST
+from stepscope.store.rankstats.parts import COMM_EXPOSED, COMMUNICATION_OPS, GPU, HOST
 from stepscope.store import open_store
 from stepscope.store.ingest import ingest_paths
 from tests import rawmatch

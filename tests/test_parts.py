@@ -1,4 +1,4 @@
-"""The step-part catalogue (stepscope.analysis.parts) is the only place that lists the parts.
+"""The step-part catalogue (stepscope.store.rankstats.parts) is the only place that lists the parts.
 
 - its own rules (priority order, the rest part last, hidden parts over claimed parts);
 - the SQL generated from it: a catalogue with a part claiming two classes gives the exclusive,
@@ -18,9 +18,9 @@ from typing import Any
 import duckdb
 import pytest
 
-from stepscope.analysis import parts
+from stepscope.store.rankstats import parts
 from stepscope.analysis._sql import sweep_ctes
-from stepscope.analysis.parts import BREAKDOWNS, GPU, HOST, Breakdown, Hidden, Part
+from stepscope.store.rankstats.parts import BREAKDOWNS, GPU, HOST, Breakdown, Hidden, Part
 from tests.conftest import REPO
 
 PACKAGE = REPO / "stepscope"
@@ -76,7 +76,7 @@ def test_generated_sums_follow_priority_multi_class_parts_and_hidden_time() -> N
     class 0 [10, 30), class 1 [20, 50), class 2 [40, 70), class 2 [80, 90).
     By hand: ab = |[10, 50)| = 40; c = |[50, 70)| + |[80, 90)| = 30; rest = 100 - 70 = 30;
     hidden c under ab = |[40, 50)| = 10."""
-    from stepscope.analysis.breakdown import _part_sums
+    from stepscope.store.rankstats.breakdown import part_sums
 
     ab, c, rest = _part("ab", "cls = 0", "cls = 1"), _part("c", "cls = 2"), _part("rest")
     hidden = Hidden("c_under_ab", "c under ab", "c under ab", of=(c,), under=(ab,))
@@ -87,7 +87,7 @@ def test_generated_sums_follow_priority_multi_class_parts_and_hidden_time() -> N
                 AS t(rank, t0, t1, cls)),
          win AS (SELECT 0 AS rank, 1 AS step, 0 AS w0, 100 AS w1),
          {sweep_ctes(len(made_up.classes))}
-    SELECT {", ".join(_part_sums(made_up))} FROM seg
+    SELECT {", ".join(part_sums(made_up))} FROM seg
     """
     row = duckdb.connect().execute(query).fetchone()
     assert dict(zip(made_up.all_columns, row)) == {"ab_ns": 40, "c_ns": 30, "rest_ns": 30, "c_under_ab_ns": 10}
@@ -97,7 +97,7 @@ def test_every_gpu_category_the_store_writes_has_exactly_its_class() -> None:
     """Each category ``classify`` gives GPU work lands in a class of the generated ``CASE`` (an
     unclaimed one would fail the breakdown query), and every class is reached (a claim that no
     category matches would be a part that is always zero)."""
-    from stepscope.analysis.breakdown import _class_case
+    from stepscope.store.rankstats.breakdown import class_case
     from stepscope.store.classify import classify
 
     samples = [("kernel", "sgemm_128x64"), ("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL"),
@@ -107,7 +107,7 @@ def test_every_gpu_category_the_store_writes_has_exactly_its_class() -> None:
     rows = [(*classify(cat, name, "X"), name) for cat, name in samples]
     assert {kind for kind, _, _ in rows} == set(GPU.kinds)
     values = ", ".join(f"('{kind}', '{category}', '{name}')" for kind, category, name in rows)
-    case = _class_case(GPU, otherwise="NULL")
+    case = class_case(GPU, otherwise="NULL")
     classes = duckdb.connect().execute(
         f"SELECT {case} FROM (VALUES {values}) AS events(kind, category, name)").fetchall()
     assert sorted(c for (c,) in classes) == list(range(len(GPU.classes)))
@@ -116,10 +116,11 @@ def test_every_gpu_category_the_store_writes_has_exactly_its_class() -> None:
 def test_every_split_part_has_its_split_rule() -> None:
     """A part with sub-parts needs the SQL that splits it (breakdown.SPLITS), on the GPU and on
     the host alike."""
-    from stepscope.analysis.breakdown import _IDLE_CAUSE_RULES, SPLITS
+    from stepscope.analysis.breakdown import SPLITS
+    from stepscope.store.rankstats.breakdown import IDLE_CAUSE_RULES
 
     assert {p for b in BREAKDOWNS for p in b.parts if p.sub_parts} == set(SPLITS)
-    assert set(_IDLE_CAUSE_RULES) == set(parts.IDLE.sub_parts)
+    assert set(IDLE_CAUSE_RULES) == set(parts.IDLE.sub_parts)
 
 
 # ---- every consumer follows the catalogue ---------------------------------------------------
@@ -352,12 +353,12 @@ PARTS = {"compute_ns": "compute", "comm_exposed_ns": "exposed communication"}
 
 
 def test_no_module_lists_parts_by_hand() -> None:
-    catalogue = PACKAGE / "analysis" / "parts.py"
+    catalogue = PACKAGE / "store" / "rankstats" / "parts.py"
     offenders = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         if path != catalogue and (found := hand_listed_parts(path.read_text(encoding="utf-8"))):
             offenders[str(path.relative_to(REPO))] = found
-    assert not offenders, f"derive these from stepscope.analysis.parts instead: {offenders}"
+    assert not offenders, f"derive these from stepscope.store.rankstats.parts instead: {offenders}"
 
 
 # ---- analyses are imported, not looked up by name ----------------------------------------------

@@ -1,5 +1,10 @@
 """Each rank's answers stored at ingest equal what the analysis computed from the events before.
 
+The step breakdowns (``rank_step_gpu``, ``rank_step_host``, ``rank_comm_spans``) and the
+collectives (``rank_collectives``): on every shared trace with steps, and on two ranks of one job
+(collectives matched, waits split off), what the analyses now read from the tables equals what
+they computed from the events before.
+
 ``rank_copies`` is written by the converter from the trace's own parts; here the same figures
 are computed the way the analysis did before this table existed (over the store's ``events``
 view, every rank at once), on every shared trace with steps and copies; and independently in
@@ -15,11 +20,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from stepscope.analysis.absent import Absent
+from stepscope.analysis.breakdown import _parts_query, host_breakdown, step_breakdown
+from stepscope.analysis.matching import collective_ctes, collective_rows, ranks_with_collectives
 from stepscope.cli import main
 from stepscope.errors import StoreError
-from stepscope.rankstats.copies import copies_ctes
-from stepscope.store import open_store
+from stepscope.store.rankstats.copies import copies_ctes
+from stepscope.store import open_store, rankstats
+from stepscope.store.rankstats.breakdown import window_ctes
+from stepscope.store.rankstats.collectives import collective_point_ctes
+from stepscope.store.rankstats.parts import GPU, HOST, Breakdown
 from tests._intervals import clip, length, load_trace, to_ns, union
+
+from tests.test_breakdown import GPU_STEP_TRACES  # noqa: E402 - every shared trace with steps and GPU work
 
 COPY_TRACES = [
     "hta/trace_diff/control/control.json.gz",
@@ -70,8 +83,9 @@ def test_stored_hidden_time_against_the_raw_json(ingested, shared_traces: Path) 
 def _downgrade(store: Path) -> None:
     """Make ``store`` look written by schema version 1: no rank tables, sources without
     ``process_id``, version 1 in their metadata."""
-    for part in (store / "rank_copies").rglob("*.parquet"):
-        part.unlink()
+    for table in rankstats.TABLES:
+        for part in (store / table.name).rglob("*.parquet"):
+            part.unlink()
     for part in (store / "sources").rglob("*.parquet"):
         table = pq.read_table(part)
         table = table.drop_columns([c for c in ("process_id", "run", "rank") if c in table.column_names])
@@ -86,6 +100,7 @@ def test_an_older_store_is_refused_until_migrated(ingested, tmp_path: Path, caps
     store = tmp_path / "store"
     shutil.copytree(ingested("hta/trace_diff/control/control.json.gz"), store)
     before = open_store(store).sql(f"SELECT {COLUMNS} FROM rank_copies ORDER BY ts_ns, name").to_pylist()
+    breakdown_before = _stored(open_store(store), GPU)
     pid = open_store(store).sql("SELECT process_id FROM sources").to_pylist()
     _downgrade(store)
     with pytest.raises(StoreError, match=r"schema version 1, older .*stepscope migrate --store"):
@@ -97,5 +112,89 @@ def test_an_older_store_is_refused_until_migrated(ingested, tmp_path: Path, caps
     migrated = open_store(store)
     assert migrated.sql(f"SELECT {COLUMNS} FROM rank_copies ORDER BY ts_ns, name").to_pylist() == before
     assert migrated.sql("SELECT process_id FROM sources").to_pylist() == pid
+    assert _stored(migrated, GPU) == breakdown_before and breakdown_before
     assert main(["migrate", "--store", str(store)]) == 0
     assert "0 traces migrated, 1 already" in capsys.readouterr().out
+
+
+# ---- the step breakdowns: stored at ingest == computed from the events as before ----------------
+
+HOST_ONLY_TRACES = [
+    "hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
+    "hta/rank_non_gpu/rank_non_gpu.json.gz",
+]
+"""Shared traces with ProfilerSteps and no GPU work (the host breakdown alone)."""
+
+
+def _breakdown_from_events(store, breakdown: Breakdown, run: str = "t") -> list[dict]:
+    """A step breakdown as the analysis computed it before ``rank_step_*``: the sweep over the
+    store's events, all ranks at once, the waits matched over them."""
+    if breakdown is GPU:
+        win, select = window_ctes("TRUE"), ("$run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, "
+                                             "w.w1 - w.w0 AS dur_ns, w.cpu_start AS cpu_start_ns, "
+                                             "w.cpu_end - w.cpu_start AS cpu_dur_ns")
+        where = "w.rank IN (SELECT DISTINCT rank FROM gpu)"
+    else:
+        win = "win AS MATERIALIZED (SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM steps WHERE run = $run)"
+        select, where = "$run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns", "TRUE"
+    matched = ranks_with_collectives(store, run) >= 2
+    return store.sql(_parts_query(breakdown, "TRUE", win, select, where, matched), {"run": run}).to_pylist()
+
+
+def _stored(store, breakdown: Breakdown) -> list[dict]:
+    table = (step_breakdown if breakdown is GPU else host_breakdown)(store, "t")
+    return [] if isinstance(table, Absent) else table.to_pylist()
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("relative", GPU_STEP_TRACES + HOST_ONLY_TRACES,
+                         ids=[t.split("/")[-1][:40] for t in GPU_STEP_TRACES + HOST_ONLY_TRACES])
+def test_stored_step_breakdowns_equal_the_analysis_from_events(ingested, relative: str) -> None:
+    store = open_store(ingested(relative))
+    for breakdown in (GPU, HOST):
+        stored = _stored(store, breakdown)
+        assert stored == _breakdown_from_events(store, breakdown), breakdown.name
+        assert stored or breakdown is GPU and relative in HOST_ONLY_TRACES
+    assert store.sql("SELECT count(*) AS n FROM rank_step_host").to_pylist()[0]["n"] == \
+        store.sql("SELECT count(*) AS n FROM steps").to_pylist()[0]["n"]
+    assert _collectives(store) == _collectives_from_events(store)
+
+
+def _collectives(store) -> list[dict]:
+    return sorted(collective_rows(store, "t").to_pylist(), key=lambda r: r["point_id"])
+
+
+def _collectives_from_events(store) -> list[dict]:
+    """Every collective event matched across ranks as the analysis did before
+    ``rank_collectives``: what each is read from the events in the same query."""
+    return store.sql(f"WITH {collective_ctes(collective_point_ctes())} SELECT * FROM coll ORDER BY point_id",
+                     {"run": "t"}).to_pylist()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(shared_traces: Path, tmp_path_factory) -> Path:
+    """Two ranks of one NCCL job in one run: collectives matched, waits split off."""
+    from stepscope.store.ingest import ingest_paths
+
+    root = tmp_path_factory.mktemp("two-ranks") / "store"
+    files = [shared_traces / f"hta/trace_filter/sampled_rank-{r}.json.gz" for r in (0, 1)]
+    assert ingest_paths(files, root, "t").ok
+    return root
+
+
+@pytest.mark.shared
+def test_stored_breakdowns_with_waits_matched_across_ranks(two_ranks: Path) -> None:
+    store = open_store(two_ranks)
+    assert ranks_with_collectives(store, "t") == 2
+    stored = _stored(store, GPU)
+    assert stored == _breakdown_from_events(store, GPU)
+    assert {r["rank"] for r in stored} == {0, 1}
+    assert sum(r["comm_wait_ns"] for r in stored) > 0  # the split is exercised, not trivially zero
+    collectives = _collectives(store)
+    assert collectives == _collectives_from_events(store)
+    assert sum(r["valid"] for r in collectives) > 0
+    assert _stored(store, HOST) == _breakdown_from_events(store, HOST)
+    spans = store.sql("SELECT rank, step, sum(s1 - s0) AS ns FROM rank_comm_spans WHERE part = 'comm_exposed' "
+                      "GROUP BY rank, step ORDER BY rank, step").to_pylist()
+    assert {(r["rank"], r["step"]): r["ns"] for r in spans} == {
+        (r["rank"], r["step"]): r["comm_exposed_ns"] for r in stored if r["comm_exposed_ns"]}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from stepscope.analysis.breakdown import host_breakdown
-from stepscope.analysis.parts import HOST
+from stepscope.store.rankstats.parts import HOST
 from stepscope.analysis.quantiles import median
 from stepscope.analysis.summary import build_summary
 from stepscope.commands.summary import render_markdown, render_table

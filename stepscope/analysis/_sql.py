@@ -1,7 +1,7 @@
 """SQL building blocks shared by the analyses: rank filters and the interval sweep.
 
 The sweep (``sweep_ctes``: exclusive, overlapped and idle time as exact integers) lives in
-:mod:`stepscope.rankstats.sweep`, below both the analyses and the store's converter, which
+:mod:`stepscope.store.rankstats.sweep`, below both the analyses and the store's converter, which
 computes each rank's tables with it at ingest; it is re-exported here.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stepscope.rankstats.sweep import CLASS_BITS, sweep_ctes  # noqa: F401 - re-exported
+from stepscope.store.rankstats.breakdown import sql_list  # noqa: F401 - re-exported
+from stepscope.store.rankstats.sweep import CLASS_BITS, sweep_ctes  # noqa: F401 - re-exported
 
 
 def rank_filter(ranks: Sequence[int] | None, column: str = "rank") -> tuple[str, dict[str, object]]:
@@ -19,6 +20,3 @@ def rank_filter(ranks: Sequence[int] | None, column: str = "rank") -> tuple[str,
     return f"list_contains($ranks::INTEGER[], {column})", {"ranks": [int(r) for r in ranks]}
 
 
-def sql_list(values: Sequence[str]) -> str:
-    """``('a', 'b')``: a SQL list literal of names the code itself defines (never user input)."""
-    return "(" + ", ".join(f"'{v}'" for v in values) + ")"

@@ -11,6 +11,13 @@ Definitions are in docs/ANALYSIS.md; in short:
   other) not under either, then memsets, then idle. The parts are disjoint and sum to the
   window's duration exactly (integer ns).
 - Idle time is split by HTA's causes, applied to the gaps of the all-streams union.
+
+What one rank's events decide (each step's parts, hidden parts and idle causes, and where its
+exposed communication lies) is computed when its trace is ingested
+(:mod:`stepscope.store.rankstats.breakdown`, tables ``rank_step_gpu``, ``rank_step_host``,
+``rank_comm_spans``); the step breakdowns read those and add the one cross-rank split, exposed
+communication into waiting for peers and transfer. :func:`parts_over` splits arbitrary windows
+with the same SQL over the events.
 """
 
 from __future__ import annotations
@@ -19,135 +26,25 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
-from stepscope.analysis._sql import rank_filter, sql_list, sweep_ctes
-from stepscope.analysis.cache import cached_frame
+from stepscope.analysis._sql import rank_filter, sweep_ctes
 from stepscope.analysis.absent import NO_COMMUNICATION, NO_GPU_EVENTS, NO_STEPS, Absent, Maybe, missing_rank
+from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.matching import collective_ctes, ranks_with_collectives
-from stepscope.analysis.parts import (
-    COMM_EXPOSED,
-    COMMUNICATION_OPS,
-    COMPUTE,
-    GPU,
-    HOST,
-    IDLE,
-    IDLE_HOST_WAIT,
-    IDLE_KERNEL_WAIT,
-    IDLE_OTHER,
-    PEER_WAITS,
-    Breakdown,
-    Hidden,
-    Part,
-)
 from stepscope.analysis.sections import SQLStore
-
-
-GPU_KINDS_SQL = sql_list(GPU.kinds)
-
-KERNEL_WAIT_NS = 30_000
-"""HTA's ``consecutive_kernel_delay`` default (30 us): shorter gaps are launch latency."""
-
-# ---- SQL generated from the catalogue (stepscope.analysis.parts) ----
-
-
-def _ns(expr: str, name: str) -> str:
-    return f"coalesce({expr}, 0)::BIGINT AS {name}"
-
-
-def _class_case(breakdown: Breakdown, *, otherwise: str) -> str:
-    """``CASE``: an ``events`` row -> its sweep class number (the first claim it matches)."""
-    whens = " ".join(f"WHEN ({claim}) THEN {i}" for i, claim in enumerate(breakdown.classes))
-    return f"CASE {whens} ELSE {otherwise} END"
-
-
-def _active(breakdown: Breakdown, parts: Sequence[Part]) -> str:
-    """Filter: a class claimed by one of ``parts`` is active in the segment."""
-    ids = [i for p in parts for i in breakdown.class_ids(p)]
-    return "(" + " OR ".join(f"n{i} > 0" for i in ids) + ")"
-
-
-def _exclusive(breakdown: Breakdown, part: Part) -> str:
-    """Filter: the segment belongs to ``part``: one of its classes is active and no class of an
-    earlier part is; for the last part (it claims nothing), no class at all is active."""
-    if not part.claims:
-        return "NOT busy"
-    earlier = [f"n{i} = 0" for p in breakdown.earlier(part) for i in breakdown.class_ids(p)]
-    return " AND ".join([*earlier, _active(breakdown, [part])])
-
-
-def _hidden(breakdown: Breakdown, hidden: Hidden) -> str:
-    """Filter: a class of ``hidden.of`` is active under a class of ``hidden.under``."""
-    return f"{_active(breakdown, hidden.under)} AND {_active(breakdown, hidden.of)}"
-
-
-def _part_sums(breakdown: Breakdown) -> list[str]:
-    """``SELECT`` items over the sweep's ``seg``: each part's and each hidden part's time."""
-    return [
-        *(_ns(f"sum(len) FILTER ({_exclusive(breakdown, p)})", p.column) for p in breakdown.parts),
-        *(_ns(f"sum(len) FILTER ({_hidden(breakdown, h)})", h.column) for h in breakdown.hidden),
-    ]
-
-
-# HTA's loader (``Trace._filter_irrelevant_gpu_kernels``, default ``include_last_profiler_step=False``)
-# keeps only GPU work whose launch is recorded and started before the last ProfilerStep began,
-# and applies this only when the trace has at least two steps.
-_HTA_SCOPE = """
-    AND (
-        (SELECT count(*) FROM steps s WHERE s.run = $run AND s.rank = e.rank) < 2
-        OR EXISTS (
-            SELECT 1 FROM events r
-            WHERE r.run = $run AND r.rank = e.rank AND r.source = e.source
-              AND r.correlation = e.correlation AND r.kind IN ('cuda_runtime', 'cuda_driver')
-              AND r.ts_ns < (SELECT max(s.start_ns) FROM steps s WHERE s.run = $run AND s.rank = e.rank)
-        )
-    )"""
-
-
-def gpu_cte(rf: str, *, hta_scope: bool = False) -> str:
-    """``gpu``: every GPU interval of the run with positive duration and its class number.
-
-    GPU work that no part of :data:`stepscope.analysis.parts.GPU` claims is an ingest bug and
-    fails the query loudly instead of being counted somewhere. ``hta_scope`` restricts the
-    events to those HTA keeps.
-    """
-    cls = _class_case(GPU, otherwise="error('GPU event with unexpected category ' || coalesce(category, 'NULL'))")
-    return f"""
-gpu AS MATERIALIZED (
-    SELECT rank, source, ts_ns AS t0, ts_ns + dur_ns AS t1, step, correlation,
-           {cls} AS cls
-    FROM events e
-    WHERE run = $run AND kind IN {GPU_KINDS_SQL} AND dur_ns > 0 AND {rf}{_HTA_SCOPE if hta_scope else ""}
-)"""
-
-
-def window_ctes(rf: str) -> str:
-    """``win(rank, step, cpu_start, cpu_end, gpu_end, w0, w1)``: the step windows.
-
-    TensorBoard plugin rule: ``w0 = max(cpu_start, previous w1)``,
-    ``w1 = max(cpu_end, end of the step's GPU work, w0)``. Unrolled, ``w1`` is the running
-    maximum of ``reach = max(cpu_end, gpu_end)`` over the rank's steps so far, and ``w0`` is
-    ``max(cpu_start, running max before this step)``: window functions, no recursion.
-    """
-    return f"""
-_cpu_steps AS (
-    SELECT rank, step, start_ns AS cpu_start, end_ns AS cpu_end
-    FROM steps WHERE run = $run AND {rf}
-),
-_gpu_step_end AS (
-    SELECT rank, step, max(t1) AS gpu_end FROM gpu WHERE step IS NOT NULL GROUP BY rank, step
-),
-_reach AS (
-    SELECT c.*, g.gpu_end, greatest(c.cpu_end, coalesce(g.gpu_end, c.cpu_end)) AS reach
-    FROM _cpu_steps c LEFT JOIN _gpu_step_end g USING (rank, step)
-),
-win AS MATERIALIZED (
-    SELECT rank, step, cpu_start, cpu_end, gpu_end,
-           greatest(cpu_start, coalesce(max(reach) OVER before, cpu_start)) AS w0,
-           max(reach) OVER upto AS w1
-    FROM _reach
-    WINDOW before AS (PARTITION BY rank ORDER BY cpu_start, step
-                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
-           upto AS (PARTITION BY rank ORDER BY cpu_start, step ROWS UNBOUNDED PRECEDING)
-)"""
+from stepscope.store.rankstats.breakdown import (  # noqa: F401 - GPU_KINDS_SQL, window_ctes: re-exported
+    GPU_KINDS_SQL,
+    RANK_SPLITS,
+    WINDOW_COLUMNS,
+    active,
+    gpu_cte,
+    iv_ctes,
+    ns_column,
+    part_sums,
+    spans_of,
+    stored_columns,
+    window_ctes,
+)
+from stepscope.store.rankstats.parts import COMM_EXPOSED, COMMUNICATION_OPS, COMPUTE, GPU, HOST, PEER_WAITS, Breakdown, Part
 
 
 def _run(store: SQLStore, query: str, run: str, extra: dict[str, object]) -> pa.Table:
@@ -201,83 +98,23 @@ def _absent_for(store: SQLStore, run: str, ranks: Sequence[int] | None, *, needs
 
 # ---- sub-parts: how a part is split after the sweep ----
 
-_IDLE_CAUSE_RULES: dict[Part, str] = {
-    IDLE_HOST_WAIT: "g.g0 IS NULL OR g.g1 IS NULL OR l.launch_ns > g.g0",
-    IDLE_KERNEL_WAIT: f"g.g1 - g.g0 < {KERNEL_WAIT_NS}",
-    IDLE_OTHER: "TRUE",
-}
-"""HTA's idle causes, in order: the first that holds for a gap ``[g0, g1)`` of the rank's GPU
-time line (``l.launch_ns``: when the work ending the gap was launched) names the gap's cause."""
-
-
-def _idle_split() -> str:
-    """CTEs ending in ``_split_idle(rank, step, <idle sub-part columns>)``: every gap between the
-    rank's GPU work (unclipped by windows) gets its cause, then is clipped to the step windows."""
-    if set(_IDLE_CAUSE_RULES) != set(IDLE.sub_parts):
-        raise ValueError("the idle-cause rules and the sub-parts of stepscope.analysis.parts.IDLE differ")
-    causes = " ".join(f"WHEN ({rule}) THEN '{cause.name}'" for cause, rule in _IDLE_CAUSE_RULES.items())
-    return f"""
-    _launch AS (
-        SELECT g.rank, g.t0, min(r.ts_ns) AS launch_ns
-        FROM gpu g JOIN events r
-          ON r.run = $run AND r.rank = g.rank AND r.source = g.source
-         AND r.correlation = g.correlation AND r.kind IN ('cuda_runtime', 'cuda_driver')
-        GROUP BY g.rank, g.t0
-    ),
-    _prev_ord AS (SELECT rank, t0, t1 FROM gpu ORDER BY rank, t0, t1),
-    _prev_run AS (
-        -- (rank, end) packed as rank * 2^64 + end: one integer running max orders by rank first
-        SELECT rank, t0, max((rank::HUGEINT << 64) + t1) OVER (ROWS UNBOUNDED PRECEDING) AS upto
-        FROM _prev_ord
-    ),
-    _prev AS (
-        -- end of all earlier work on the rank: one sorted streaming pass over all ranks; the
-        -- packed maximum belongs to the current rank as soon as the rank has a row
-        SELECT rank, t0,
-            CASE WHEN (lag(upto) OVER ()) >> 64 = rank THEN ((lag(upto) OVER ()) & 18446744073709551615)::BIGINT END
-                AS prev_end
-        FROM _prev_run
-    ),
-    _gaps AS (
-        SELECT DISTINCT rank, prev_end AS g0, t0 AS g1 FROM _prev WHERE prev_end IS NULL OR t0 > prev_end
-        UNION ALL
-        SELECT rank, max(t1), NULL FROM gpu GROUP BY rank
-    ),
-    _caused AS (
-        SELECT g.rank, g.g0, g.g1,
-            CASE {causes} END AS idle_cause
-        FROM _gaps g LEFT JOIN _launch l ON l.rank = g.rank AND l.t0 = g.g1
-    ),
-    _idle AS (
-        SELECT w.rank, w.step, c.idle_cause,
-               least(coalesce(c.g1, w.w1), w.w1) - greatest(coalesce(c.g0, w.w0), w.w0) AS len
-        FROM _caused c JOIN win w
-          ON c.rank = w.rank AND coalesce(c.g0, w.w0) < w.w1 AND coalesce(c.g1, w.w1) > w.w0
-    ),
-    _split_{IDLE.name} AS (
-        SELECT rank, step,
-            {", ".join(_ns(f"sum(len) FILTER (idle_cause = '{c.name}')", c.column) for c in IDLE.sub_parts)}
-        FROM _idle GROUP BY rank, step
-    )"""
-
-
 def _no_wait_split(part: Part) -> str:
     """The split when no collective can be matched (fewer than two ranks with collectives): no
     wait is known, all of the part is the rest."""
     wait, transfer = part.sub_parts
     return f"""
     _split_{part.name} AS (
-        SELECT rank, step, 0::BIGINT AS {wait.column}, {_ns(part.column, transfer.column)} FROM _parts
+        SELECT rank, step, 0::BIGINT AS {wait.column}, {ns_column(part.column, transfer.column)} FROM _parts
     )"""
 
 
-def _wait_split(breakdown: Breakdown, part: Part, *, host_side: bool) -> Callable[[], str]:
+def _wait_split(part: Part, *, host_side: bool) -> Callable[[], str]:
     """The split of an exposed-communication part into waiting for peers and the rest.
 
     CTEs ending in ``_split_<part>(rank, step, <wait column>, <transfer column>)``: every
     collective member's wait ``[ts, ts + wait_ns)`` (:mod:`stepscope.analysis.matching`, over
     all ranks of the run: its peers may not be among the ranks asked for), merged per rank,
-    clipped to the segments of the sweep that belong to ``part`` (wait under compute is not
+    clipped to the stretches where ``part`` holds (``_spans_<part>``: wait under compute is not
     exposed); the transfer is the part's time minus that, so the two sum to it exactly.
     ``host_side`` picks gloo's host-side transfers (host breakdown) or kernels (GPU).
     """
@@ -304,54 +141,48 @@ def _wait_split(breakdown: Breakdown, part: Part, *, host_side: bool) -> Callabl
     ),
     _wait_len AS (
         SELECT s.rank, s.step, sum(least(s.s1, w.t1) - greatest(s.s0, w.t0)) AS len
-        FROM seg s JOIN _wait_islands w ON s.rank = w.rank AND s.s0 < w.t1 AND s.s1 > w.t0
-        WHERE {_exclusive(breakdown, part)}
+        FROM _spans_{part.name} s JOIN _wait_islands w ON s.rank = w.rank AND s.s0 < w.t1 AND s.s1 > w.t0
         GROUP BY s.rank, s.step
     ),
     _split_{part.name} AS (
-        SELECT p.rank, p.step, {_ns("w.len", wait.column)},
-               {_ns(f"p.{part.column} - coalesce(w.len, 0)", transfer.column)}
+        SELECT p.rank, p.step, {ns_column("w.len", wait.column)},
+               {ns_column(f"p.{part.column} - coalesce(w.len, 0)", transfer.column)}
         FROM _parts p LEFT JOIN _wait_len w USING (rank, step)
     )"""
 
     return ctes
 
 
-SPLITS: dict[Part, Callable[[], str]] = {
-    IDLE: _idle_split,
-    COMM_EXPOSED: _wait_split(GPU, COMM_EXPOSED, host_side=False),
-    COMMUNICATION_OPS: _wait_split(HOST, COMMUNICATION_OPS, host_side=True),
+WAIT_SPLITS: dict[Part, Callable[[], str]] = {
+    COMM_EXPOSED: _wait_split(COMM_EXPOSED, host_side=False),
+    COMMUNICATION_OPS: _wait_split(COMMUNICATION_OPS, host_side=True),
 }
-"""Part -> the CTEs that split it into its sub-parts after the sweep. They may read ``win``,
-``seg``, ``_parts`` (the parts' sums per rank and step), ``events`` and, for GPU parts, ``gpu``,
-and end in ``_split_<part name>(rank, step, <sub-part columns>)``; :func:`step_breakdown` and
-:func:`host_breakdown` join that into their result (a part with sub-parts and no entry here is a
-``KeyError``)."""
+"""Part -> the CTEs that split it into waiting for peers and the rest, from the collectives
+matched across ranks. They read ``win``, ``_parts`` (the parts per rank and step),
+``_spans_<part>`` and the events, and end in ``_split_<part name>(rank, step, <sub-part
+columns>)``."""
+
+SPLITS: dict[Part, Callable[[], str]] = {**RANK_SPLITS, **WAIT_SPLITS}
+"""Every part with sub-parts -> the CTEs that split it after the sweep: the rank's own
+(:data:`stepscope.store.rankstats.breakdown.RANK_SPLITS`, stored at ingest) and the cross-rank
+ones. :func:`step_breakdown` and :func:`host_breakdown` join them into their result (a part
+with sub-parts and no entry here is a ``KeyError``)."""
 
 
-def _split_sql(breakdown: Breakdown, matched: bool = True) -> tuple[str, list[str], str]:
-    """For a breakdown's parts with sub-parts: the split CTEs (each preceded by a comma, to follow
-    ``_parts``), the sub-part columns to select, and the joins that bring them in. ``matched``
-    False: no collective can be matched in the run, so the waits' splits are the trivial one."""
-    split = [p for p in breakdown.parts if p.sub_parts]
+def _split_sql(split: Sequence[Part], matched: bool = True) -> tuple[str, dict[str, str], str]:
+    """For parts with sub-parts: the split CTEs (each preceded by a comma, to follow ``_parts``),
+    each sub-part column -> its SQL, and the joins that bring them in. ``matched`` False: no
+    collective can be matched in the run, so the waits' splits are the trivial one."""
     ctes = "".join("," + (SPLITS[p]() if matched or not any(s in PEER_WAITS for s in p.sub_parts)
                           else _no_wait_split(p)) for p in split)
-    columns = [f"coalesce(_split_{p.name}.{c.column}, 0)::BIGINT AS {c.column}" for p in split for c in p.sub_parts]
+    columns = {c.column: f"_split_{p.name}.{c.column}" for p in split for c in p.sub_parts}
     joins = " ".join(f"LEFT JOIN _split_{p.name} USING (rank, step)" for p in split)
     return ctes, columns, joins
 
 
-def _iv_ctes(breakdown: Breakdown, rf: str) -> str:
-    """The sweep's intervals ``iv(rank, t0, t1, cls)`` of a breakdown (and, for the GPU, ``gpu``)."""
-    if breakdown is GPU:
-        return f"{gpu_cte(rf)}, iv AS (SELECT rank, t0, t1, cls FROM gpu)"
-    claimed = " OR ".join(f"({claim})" for claim in breakdown.classes)
-    return f"""
-    iv AS (
-        SELECT rank, ts_ns AS t0, ts_ns + dur_ns AS t1, {_class_case(breakdown, otherwise="NULL")} AS cls
-        FROM events
-        WHERE run = $run AND {rf} AND dur_ns > 0 AND kind IN {sql_list(breakdown.kinds)} AND ({claimed})
-    )"""
+def _spans(breakdown: Breakdown) -> list[str]:
+    """The parts of ``breakdown`` whose time line the wait splits read (``_spans_<part>``)."""
+    return [p for p in breakdown.parts if p in WAIT_SPLITS]
 
 
 def _parts_query(breakdown: Breakdown, rf: str, win: str, select: str, where: str = "TRUE",
@@ -360,19 +191,39 @@ def _parts_query(breakdown: Breakdown, rf: str, win: str, select: str, where: st
     disjoint per rank; they may read ``gpu``): ``SELECT <select>, <every column of the
     breakdown> FROM win w ... WHERE <where>``. One generator for the step breakdowns and for
     arbitrary windows (:func:`parts_over`), so both split time by the same rules."""
-    split_ctes, split_columns, split_joins = _split_sql(breakdown, matched)
-    names = [e.column for e in (*breakdown.parts, *breakdown.hidden)]
-    columns = [*(f"coalesce(p.{c}, 0)::BIGINT AS {c}" for c in names), *split_columns]
+    split_ctes, split_columns, split_joins = _split_sql([p for p in breakdown.parts if p.sub_parts], matched)
+    columns = [f"coalesce({split_columns.get(c, 'p.' + c)}, 0)::BIGINT AS {c}" for c in breakdown.all_columns]
+    spans = "".join(f", {spans_of(p)}" for p in _spans(breakdown))
     return f"""
-    WITH {_iv_ctes(breakdown, rf)},
+    WITH {iv_ctes(breakdown, rf)},
     {win},
-    {sweep_ctes(len(breakdown.classes))},
-    _parts AS (SELECT rank, step, {", ".join(_part_sums(breakdown))} FROM seg GROUP BY rank, step){split_ctes}
+    {sweep_ctes(len(breakdown.classes))}{spans},
+    _parts AS (SELECT rank, step, {", ".join(part_sums(breakdown))} FROM seg GROUP BY rank, step){split_ctes}
     SELECT {select}, {", ".join(columns)}
     FROM win w LEFT JOIN _parts p USING (rank, step)
     {split_joins}
     WHERE {where}
     ORDER BY w.rank, w.step
+    """
+
+
+def _stored_query(breakdown: Breakdown, rf: str, matched: bool) -> str:
+    """The breakdown of every step from the per-rank tables written at ingest
+    (``rank_step_<name>``, ``rank_comm_spans``), with the cross-rank wait splits added: the same
+    columns as :func:`_parts_query` gives over the step windows, without reading the events."""
+    split_ctes, split_columns, split_joins = _split_sql(_spans(breakdown), matched)
+    spans = "".join(f", _spans_{p.name} AS (SELECT rank, step, s0, s1 FROM rank_comm_spans "
+                    f"WHERE run = $run AND {rf} AND part = '{p.name}')" for p in _spans(breakdown))
+    stored = set(stored_columns(breakdown))
+    columns = [f"p.{c}" if c in stored else f"coalesce({split_columns[c]}, 0)::BIGINT AS {c}"
+               for c in breakdown.all_columns]
+    windows = [f"p.{name}" for name, _ in WINDOW_COLUMNS[breakdown]]
+    return f"""
+    WITH _parts AS (SELECT * FROM rank_step_{breakdown.name} WHERE run = $run AND {rf}),
+    win AS (SELECT rank, step FROM _parts){spans}{split_ctes}
+    SELECT $run AS run, p.rank, p.step, {", ".join(windows)}, {", ".join(columns)}
+    FROM _parts p {split_joins}
+    ORDER BY p.rank, p.step
     """
 
 
@@ -382,19 +233,14 @@ def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
 
     Columns: ``run, rank, step, start_ns, end_ns, dur_ns`` (the step window), ``cpu_start_ns,
     cpu_dur_ns`` (the ProfilerStep CPU window), then ``GPU.all_columns`` of
-    :mod:`stepscope.analysis.parts`: the parts (summing to ``dur_ns``), the hidden parts
+    :mod:`stepscope.store.rankstats.parts`: the parts (summing to ``dur_ns``), the hidden parts
     (communication under compute, copies under compute or communication) and the sub-parts
     (exposed communication: waiting for peers and transfer; idle: HTA's idle causes), summing
     to their part.
     Ranks without GPU events or steps have no rows; :class:`Absent` when no rank has any.
     """
     rf, extra = rank_filter(ranks)
-    query = _parts_query(
-        GPU, rf, window_ctes(rf),
-        "$run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns, "
-        "w.cpu_start AS cpu_start_ns, w.cpu_end - w.cpu_start AS cpu_dur_ns",
-        "w.rank IN (SELECT DISTINCT rank FROM gpu)", ranks_with_collectives(store, run) >= 2)
-    table = _run(store, query, run, extra)
+    table = _run(store, _stored_query(GPU, rf, ranks_with_collectives(store, run) >= 2), run, extra)
     if table.num_rows == 0:
         return _absent_for(store, run, ranks, needs_gpu=True)
     return table
@@ -419,7 +265,7 @@ def host_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
     """Host (CPU) time of every step, split into disjoint parts over all the rank's threads.
 
     Window: the ProfilerStep CPU window. The parts are those of
-    :data:`stepscope.analysis.parts.HOST`, in its priority order (data loading, optimizer,
+    :data:`stepscope.store.rankstats.parts.HOST`, in its priority order (data loading, optimizer,
     blocked in synchronisation, compute ops, communication ops not under any of those: exposed
     host communication, split into waiting for peers and the rest; other: none of these active
     on any thread). Columns: ``run, rank, step, start_ns, end_ns, dur_ns``, then
@@ -427,11 +273,7 @@ def host_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
     under compute ops, and the sub-parts).
     """
     rf, extra = rank_filter(ranks)
-    win = f"win AS MATERIALIZED (SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM steps WHERE run = $run AND {rf})"
-    query = _parts_query(
-        HOST, rf, win, "$run AS run, w.rank, w.step, w.w0 AS start_ns, w.w1 AS end_ns, w.w1 - w.w0 AS dur_ns",
-        matched=ranks_with_collectives(store, run) >= 2)
-    table = _run(store, query, run, extra)
+    table = _run(store, _stored_query(HOST, rf, ranks_with_collectives(store, run) >= 2), run, extra)
     if table.num_rows == 0:
         return _absent_for(store, run, ranks, needs_gpu=False)
     return table
@@ -474,7 +316,7 @@ def rank_totals(
     docs/ANALYSIS.md for why that is not the default.
     """
     rf, extra = rank_filter(ranks)
-    compute, comm = _active(GPU, [COMPUTE]), _active(GPU, [COMM_EXPOSED])  # |U(compute)|, |U(communication)|
+    compute, comm = active(GPU, [COMPUTE]), active(GPU, [COMM_EXPOSED])  # |U(compute)|, |U(communication)|
     query = f"""
     WITH {gpu_cte(rf, hta_scope=hta_scope)},
     win AS (SELECT rank, 0 AS step, min(t0) AS w0, max(t1) AS w1 FROM gpu GROUP BY rank),
@@ -482,10 +324,10 @@ def rank_totals(
     {sweep_ctes(len(GPU.classes))},
     _tot AS (
         SELECT rank,
-            {_ns("sum(len) FILTER (busy)", "gpu_busy_ns")},
-            {_ns(f"sum(len) FILTER ({compute})", "compute_ns")},
-            {_ns(f"sum(len) FILTER ({comm})", "comm_ns")},
-            {_ns(f"sum(len) FILTER ({compute} AND {comm})", "comm_comp_overlap_ns")}
+            {ns_column("sum(len) FILTER (busy)", "gpu_busy_ns")},
+            {ns_column(f"sum(len) FILTER ({compute})", "compute_ns")},
+            {ns_column(f"sum(len) FILTER ({comm})", "comm_ns")},
+            {ns_column(f"sum(len) FILTER ({compute} AND {comm})", "comm_comp_overlap_ns")}
         FROM seg GROUP BY rank
     ),
     _ranks AS (SELECT DISTINCT rank FROM sources WHERE run = $run AND {rf})

@@ -42,7 +42,7 @@ from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ranks_phrase, rule
 from stepscope.analysis.matching import POINT_TO_POINT, clock_offsets, collective_ctes, collective_rows
 from stepscope.analysis.overlap import COMPUTE_KERNELS_SQL, hidden_ctes
-from stepscope.analysis.parts import COMM_EXPOSED, COMMUNICATION_OPS, COMPUTE, COMPUTE_OPS, HOST, PEER_WAITS
+from stepscope.store.rankstats.parts import COMM_EXPOSED, COMMUNICATION_OPS, COMPUTE, COMPUTE_OPS, HOST, PEER_WAITS
 from stepscope.analysis.phase import gpu_phase_ctes
 from stepscope.analysis.quantiles import median, median_sql
 from stepscope.analysis.sections import SQLStore, section
@@ -90,7 +90,7 @@ _HIDING_SQL = f"""
       AND e.rank NOT IN (SELECT rank FROM events WHERE run = e.run AND kind = 'kernel'))"""
 """What hides a collective: on a rank with GPU kernels its compute kernels; on a CPU-only rank the
 host work the host breakdown puts before communication (data loading, optimizer, syncs, compute
-ops: :data:`stepscope.analysis.parts.HOST`), as gloo's thread transfers while the main thread
+ops: :data:`stepscope.store.rankstats.parts.HOST`), as gloo's thread transfers while the main thread
 computes."""
 
 

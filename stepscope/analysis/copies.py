@@ -12,8 +12,8 @@ Definitions (docs/ANALYSIS.md, "Copies"):
   PCIe generation): :data:`LINK_PEAKS`. An unknown GPU, or a device-to-device copy, has no peak
   (null, with the reason in ``absent_reason``): it is never guessed.
 - ``hidden_ns`` is the part of a copy under the rank's compute-kernel union
-  (:mod:`stepscope.rankstats.sweep`), ``exposed_ns = dur_ns - hidden_ns``. Each rank's copies
-  with their hidden time (:mod:`stepscope.rankstats.copies`) are computed when its trace is
+  (:mod:`stepscope.store.rankstats.sweep`), ``exposed_ns = dur_ns - hidden_ns``. Each rank's copies
+  with their hidden time (:mod:`stepscope.store.rankstats.copies`) are computed when its trace is
   ingested (table ``rank_copies``); this module reads them.
 """
 

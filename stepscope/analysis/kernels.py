@@ -12,7 +12,7 @@ import pyarrow as pa
 from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.breakdown import GPU_KINDS_SQL, gpu_cte, window_ctes
 from stepscope.analysis.cache import cached_frame
-from stepscope.analysis.parts import SYNC_WAIT
+from stepscope.store.rankstats.parts import SYNC_WAIT
 from stepscope.analysis.quantiles import median_sql, quantile_sql
 from stepscope.analysis.sections import SQLStore
 

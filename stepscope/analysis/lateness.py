@@ -42,7 +42,7 @@ from stepscope.analysis.breakdown import parts_over, step_windows
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ranks_phrase, rule
 from stepscope.analysis.matching import POINT_TO_POINT
-from stepscope.analysis.parts import (
+from stepscope.store.rankstats.parts import (
     COMM_TRANSFER,
     COMM_WAIT,
     COMMUNICATION_TRANSFER,

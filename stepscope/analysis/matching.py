@@ -3,7 +3,8 @@
 Every cross-rank figure (start skew, last arrivals, the wait/transfer split of exposed
 communication, clock offsets, the late-rank finding) reads one relation, ``coll``: one row per
 collective event of every rank of the run, with its matched instance, its clock-aligned start
-and its wait. It is SQL text (common table expressions over the store's ``events`` and
+and its wait. It is SQL text (common table expressions over the per-rank table
+``rank_collectives``, :mod:`stepscope.store.rankstats.collectives`, written at ingest, and
 ``sources``) so that the step breakdown can clip the waits to its segments in the same query;
 :func:`collective_rows` runs it on its own. Definitions (docs/ANALYSIS.md, "Collectives across
 ranks"):
@@ -42,10 +43,16 @@ from stepscope.analysis._sql import rank_filter, sql_list
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.sections import SQLStore
 
-HOST_SIDE_SQL = "e.kind = 'user_annotation' AND e.name LIKE 'gloo:%'"
-"""Host-side transfers counted as collectives: gloo's worker-thread annotations (``gloo:all_reduce``),
-the only record of the transfer itself in a gloo run (``c10d::allreduce_`` only enqueues it, and
-``nccl:*`` annotations are the host side of a kernel that is counted already)."""
+STORED_POINTS = """
+_c_m AS MATERIALIZED (
+  SELECT row_number() OVER (ORDER BY rank, source, ts_ns, stream, correlation, tid) AS point_id,
+         run, rank, source, pid, tid, step, name, ts_ns, dur_ns, end_ns, stream, correlation, host_side,
+         collective, bytes, dtype, group_size AS group_size0, pg_name AS pg_name0, pg_desc AS pg_desc0,
+         pg_ranks AS pg_ranks0, comm_seq, linked
+  FROM rank_collectives WHERE run = $run
+)"""
+"""The collective events of the run as ingest stored them (``rank_collectives``), numbered as
+:func:`stepscope.store.rankstats.collectives.collective_point_ctes` numbers them over events."""
 
 POINT_TO_POINT = ("send", "recv", "send_recv")
 """Point-to-point collectives: matched as one kind (a send on one rank pairs with a recv on another)."""
@@ -92,7 +99,7 @@ def _offset_ctes(prefix: str, rows: str, where: str) -> str:
 )"""
 
 
-def collective_ctes() -> str:
+def collective_ctes(points: str = STORED_POINTS) -> str:
     """CTEs (names starting ``_c_``) ending in ``coll``: every collective event of every rank of
     ``$run``, matched, aligned and with its wait. Columns of ``coll``:
 
@@ -102,6 +109,10 @@ def collective_ctes() -> str:
     match_seq, members, inst_ranks, inst_group_size, valid, absent_reason, collective_mismatch,
     clock_correction_ns, aligned_ts_ns, aligned_end_ns, first_start_ns, last_start_ns`` (aligned),
     ``wait_ns, late`` (null on invalid instances).
+
+    ``points``: CTEs ending in ``_c_m``, the collective events with what each is (by default the
+    per-rank table ``rank_collectives`` written at ingest; the tests pass
+    ``collective_point_ctes()``, the same over the events, to check the two agree).
     """
     p2p = sql_list(POINT_TO_POINT)
     return f"""
@@ -114,58 +125,7 @@ _c_pgc AS (
         FROM sources WHERE run = $run) u
 ),
 _c_world AS (SELECT max(world_size) AS world_size, count(DISTINCT rank) AS traced FROM sources WHERE run = $run),
-_c_ev AS MATERIALIZED (
-  SELECT row_number() OVER (ORDER BY e.rank, e.source, e.ts_ns, e.stream, e.correlation, e.tid) AS point_id,
-         e.run, e.rank, e.source, e.pid, e.tid, e.step, e.name, e.ts_ns, e.dur_ns, e.ts_ns + e.dur_ns AS end_ns,
-         e.stream, e.correlation, e.kind <> 'kernel' AS host_side,
-         e.collective::VARCHAR AS collective, e.bytes, e.dtype::VARCHAR AS dtype, e.group_size,
-         e.pg_name::VARCHAR AS pg_name, e.pg_desc::VARCHAR AS pg_desc, e.pg_ranks::VARCHAR AS pg_ranks,
-         e.comm_seq, coalesce(e.args LIKE '%"Collective name"%', FALSE) AS own_args
-  FROM events e
-  WHERE e.run = $run AND e.category = 'communication' AND e.dur_ns IS NOT NULL
-    AND (e.kind = 'kernel' OR ({HOST_SIDE_SQL}))
-),
-_c_launch AS (
-  SELECT c.point_id, c.source, arg_min(l.pid, l.ts_ns) AS pid, arg_min(l.tid, l.ts_ns) AS tid,
-         min(l.ts_ns) AS ts_ns
-  FROM _c_ev c JOIN events l
-    ON l.run = $run AND l.rank = c.rank AND l.source = c.source AND l.correlation = c.correlation
-   AND l.kind IN ('cuda_runtime', 'cuda_driver')
-  WHERE NOT c.host_side
-  GROUP BY c.point_id, c.source
-),
-_c_ops AS (
-  SELECT e.source, e.pid, e.tid, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns, e.collective::VARCHAR AS collective,
-         e.bytes, e.dtype::VARCHAR AS dtype, e.group_size, e.pg_name::VARCHAR AS pg_name,
-         e.pg_desc::VARCHAR AS pg_desc, e.pg_ranks::VARCHAR AS pg_ranks, e.comm_seq
-  FROM events e
-  WHERE e.run = $run AND e.kind IN ('cpu_op', 'user_annotation') AND e.category = 'communication'
-    AND e.dur_ns IS NOT NULL AND NOT ({HOST_SIDE_SQL})
-),
-_c_link AS (
-  -- the innermost (latest-starting) enclosing op that says each thing
-  SELECT l.point_id,
-         arg_max(o.collective, o.ts_ns) FILTER (WHERE o.collective IS NOT NULL) AS collective,
-         arg_max(o.bytes, o.ts_ns) FILTER (WHERE o.bytes IS NOT NULL) AS bytes,
-         arg_max(o.dtype, o.ts_ns) FILTER (WHERE o.dtype IS NOT NULL) AS dtype,
-         arg_max(o.group_size, o.ts_ns) FILTER (WHERE o.group_size IS NOT NULL) AS group_size,
-         arg_max(o.pg_name, o.ts_ns) FILTER (WHERE o.pg_name IS NOT NULL) AS pg_name,
-         arg_max(o.pg_desc, o.ts_ns) FILTER (WHERE o.pg_desc IS NOT NULL) AS pg_desc,
-         arg_max(o.pg_ranks, o.ts_ns) FILTER (WHERE o.pg_ranks IS NOT NULL) AS pg_ranks,
-         arg_max(o.comm_seq, o.ts_ns) FILTER (WHERE o.comm_seq IS NOT NULL) AS comm_seq
-  FROM _c_launch l JOIN _c_ops o
-    ON o.source = l.source AND o.pid = l.pid AND o.tid = l.tid AND o.ts_ns <= l.ts_ns AND o.end_ns >= l.ts_ns
-  GROUP BY l.point_id
-),
-_c_m AS (
-  SELECT c.* EXCLUDE (collective, bytes, dtype, group_size, pg_name, pg_desc, pg_ranks, comm_seq, own_args),
-         CASE WHEN c.own_args THEN c.collective ELSE coalesce(k.collective, c.collective) END AS collective,
-         coalesce(c.bytes, k.bytes) AS bytes, coalesce(c.dtype, k.dtype) AS dtype,
-         coalesce(c.group_size, k.group_size) AS group_size0, coalesce(c.pg_name, k.pg_name) AS pg_name0,
-         coalesce(c.pg_desc, k.pg_desc) AS pg_desc0, coalesce(c.pg_ranks, k.pg_ranks) AS pg_ranks0,
-         coalesce(c.comm_seq, k.comm_seq) AS comm_seq, k.point_id IS NOT NULL AS linked
-  FROM _c_ev c LEFT JOIN _c_link k USING (point_id)
-),
+{points},
 _c_keyed AS (
   SELECT m.* EXCLUDE (group_size0, pg_name0, pg_desc0, pg_ranks0),
          coalesce(m.group_size0, pg.pg_size) AS group_size, coalesce(m.pg_name0, pg.pg_name) AS pg_name,
@@ -272,9 +232,8 @@ NO_MATCH = "no collective of this rank was matched with one of another traced ra
 def ranks_with_collectives(store: SQLStore, run: str) -> int:
     """How many ranks of the run have a collective event: with fewer than two nothing can be
     matched, and the analyses skip the matching (a cheap count instead of the whole query)."""
-    return store.sql(
-        f"SELECT count(DISTINCT e.rank) AS n FROM events e WHERE e.run = $run AND e.category = 'communication' "
-        f"AND e.dur_ns IS NOT NULL AND (e.kind = 'kernel' OR ({HOST_SIDE_SQL}))", {"run": run}).to_pylist()[0]["n"]
+    return store.sql("SELECT count(DISTINCT rank) AS n FROM rank_collectives WHERE run = $run",
+                     {"run": run}).to_pylist()[0]["n"]
 
 
 @cached_frame("clock_offsets")

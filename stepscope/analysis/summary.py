@@ -25,7 +25,7 @@ from stepscope.analysis.breakdown import (
 from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, evaluate, ranks_phrase, rule
 from stepscope.analysis.kernels import launch_overhead, step_stats, top_cpu_ops, top_kernels
 from stepscope.analysis.matching import NO_MATCH, clock_offsets
-from stepscope.analysis.parts import (
+from stepscope.store.rankstats.parts import (
     DATA_LOADING,
     GPU,
     HOST,

@@ -1,7 +1,7 @@
 """One step across ranks, over time: what each rank's GPU (or host) did from moment to moment.
 
 The dashboard's cross-rank timeline draws it: a lane per rank, each lane cut into the step's
-parts (:mod:`stepscope.analysis.parts`: compute, communication waiting for peers and transfer,
+parts (:mod:`stepscope.store.rankstats.parts`: compute, communication waiting for peers and transfer,
 copies, idle; the host's parts on a run without GPU events) by the same sweep as the step
 breakdown, with the waits of :mod:`stepscope.analysis.matching` as one more class, so a
 segment of exposed communication is a wait where a wait interval covers it and a transfer
@@ -15,10 +15,10 @@ import pyarrow as pa
 
 from stepscope.analysis._sql import rank_filter, sweep_ctes
 from stepscope.analysis.absent import Absent, Maybe
-from stepscope.analysis.breakdown import _exclusive, _iv_ctes, window_ctes
+from stepscope.store.rankstats.breakdown import exclusive, iv_ctes, window_ctes
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.matching import collective_ctes, ranks_with_collectives
-from stepscope.analysis.parts import COMM_EXPOSED, COMMUNICATION_OPS, GPU, HOST, Breakdown, Part
+from stepscope.store.rankstats.parts import COMM_EXPOSED, COMMUNICATION_OPS, GPU, HOST, Breakdown, Part
 from stepscope.analysis.sections import SQLStore
 
 _SPLIT_BY_WAITS: dict[Breakdown, Part] = {GPU: COMM_EXPOSED, HOST: COMMUNICATION_OPS}
@@ -40,10 +40,10 @@ def _part_case(breakdown: Breakdown, wait_class: int) -> str:
     wait, transfer = split.sub_parts
     for part in breakdown.parts:
         if part is split:
-            whens.append(f"WHEN {_exclusive(breakdown, part)} AND n{wait_class} > 0 THEN '{wait.name}'")
-            whens.append(f"WHEN {_exclusive(breakdown, part)} THEN '{transfer.name}'")
+            whens.append(f"WHEN {exclusive(breakdown, part)} AND n{wait_class} > 0 THEN '{wait.name}'")
+            whens.append(f"WHEN {exclusive(breakdown, part)} THEN '{transfer.name}'")
         else:
-            whens.append(f"WHEN {_exclusive(breakdown, part)} THEN '{part.name}'")
+            whens.append(f"WHEN {exclusive(breakdown, part)} THEN '{part.name}'")
     return "CASE " + " ".join(whens) + " END"
 
 
@@ -69,7 +69,7 @@ def step_timeline(store: SQLStore, run: str, step: int, ranks: None = None) -> M
         "coll AS (SELECT NULL::BIGINT AS rank, NULL::BIGINT AS ts_ns, NULL::BIGINT AS wait_ns, "
         "NULL::BOOLEAN AS host_side, NULL::BIGINT AS clock_correction_ns WHERE FALSE)")
     query = f"""
-    WITH {_iv_ctes(breakdown, rf)},
+    WITH {iv_ctes(breakdown, rf)},
     {win},
     {coll},
     _iv_all AS (

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from stepscope.analysis.absent import NO_STEPS, Absent
 from stepscope.analysis.findings import Finding
-from stepscope.analysis.parts import GPU, HOST, PEER_WAITS, Breakdown, Part
+from stepscope.store.rankstats.parts import GPU, HOST, PEER_WAITS, Breakdown, Part
 from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore
 

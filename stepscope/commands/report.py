@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.analysis.breakdown import step_breakdown
     from stepscope.analysis.compare.gate import NO_BASELINE
     from stepscope.analysis.compare.metrics import run_facts
-    from stepscope.analysis.parts import GPU
+    from stepscope.store.rankstats.parts import GPU
     from stepscope.analysis.summary import build_summary
     from stepscope.commands._runs import resolved
     from stepscope.commands.compare import gate

@@ -18,7 +18,7 @@ from stepscope.render.units import duration, percent
 from stepscope.store.location import store_location
 
 if TYPE_CHECKING:
-    from stepscope.analysis.parts import Breakdown
+    from stepscope.store.rankstats.parts import Breakdown
 
 FORMATS = ("table", "json", "markdown")
 
@@ -109,13 +109,13 @@ def _cell(value: Any) -> str:
 
 def _table_columns(breakdown: Breakdown) -> list[tuple[str, str]]:
     """(header, key) of a breakdown's terminal columns: each part followed by its sub-parts, then
-    the hidden parts, where the catalogue (:mod:`stepscope.analysis.parts`) gives a header."""
+    the hidden parts, where the catalogue (:mod:`stepscope.store.rankstats.parts`) gives a header."""
     entries = [*breakdown.with_sub_parts(), *breakdown.hidden]
     return [(e.short, e.column) for e in entries if e.short]
 
 
 def _rank_blocks(rank: dict[str, Any]) -> Iterator[Block]:
-    from stepscope.analysis.parts import GPU, HOST
+    from stepscope.store.rankstats.parts import GPU, HOST
 
     step_columns, host_columns = _table_columns(GPU), _table_columns(HOST)
     r = rank["rank"]

@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from stepscope.analysis.parts import Part
+from stepscope.store.rankstats.parts import Part
 from stepscope.errors import UsageError
 from stepscope.render.table import Table, to_html
 

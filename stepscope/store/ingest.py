@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import duckdb
 
-from stepscope import rankstats
+from stepscope.store import rankstats
 from stepscope.errors import StoreError, StoreWriteError, TraceFormatError, UsageError
 from stepscope.store import dedupe, engine, sessions, trace_metadata
 from stepscope.store.convert import Conversion, SqlPart, Stager, convert
@@ -42,7 +42,7 @@ RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)(?![0-9])", 
 SOURCE_DIGITS = 16
 PARTS = ("events", "steps", "memory", *(t.name for t in rankstats.TABLES))
 """The tables a trace's conversion writes before its ``sources`` row commits them: its events,
-steps and memory, then each rank's answers computed from them (``stepscope.rankstats``)."""
+steps and memory, then each rank's answers computed from them (``stepscope.store.rankstats``)."""
 INTERNAL_ERROR_CHARS = 300
 """An unexpected exception's text is cut to this length in its one line."""
 ON_CONFLICT = ("session", "refuse")
@@ -284,12 +284,13 @@ def convert_file(
 
 def write_rank_tables(con: duckdb.DuckDBPyConnection, root: Path, run: str, rank: int, source: str,
                       parts: dict[str, Path]) -> None:
-    """Write each per-rank table (``stepscope.rankstats``) of one trace, computed in ``con`` from
+    """Write each per-rank table (``stepscope.store.rankstats``) of one trace, computed in ``con`` from
     the trace's parts ``parts`` (events, steps, ...). Ingest and ``stepscope migrate`` call it."""
     rankstats.trace_views(con, parts, run, rank)
+    rankstats.prepare(con, run)
     for table in rankstats.TABLES:
         write_partition(root, table.name, run, rank, source,
-                        SqlPart(con, Path(parts["events"]), table.query, {"run": run}))
+                        SqlPart(con, Path(parts["events"]), table.query, rankstats.params(table.query, run)))
 
 
 class LocalParts:

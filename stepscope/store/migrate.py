@@ -1,7 +1,7 @@
 """Bring a store written by an older stepscope up to this one's schema version.
 
 From schema version 1 to 2: each committed trace gets its per-rank tables
-(``stepscope.rankstats``), computed from the parts the store already holds (the same queries as
+(``stepscope.store.rankstats``), computed from the parts the store already holds (the same queries as
 at ingest, so a migrated store answers exactly as a fresh ingest of the same files would), and
 its ``sources`` row gains ``process_id`` (the pid most of its host events carry) and the new
 version. The ``sources`` part is rewritten last, under the commit lock, so a trace is never seen

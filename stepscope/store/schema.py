@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from stepscope.store.rankstats.breakdown import WINDOW_COLUMNS, stored_columns
+from stepscope.store.rankstats.parts import GPU, HOST, Breakdown
 from stepscope.store.constants import (  # noqa: F401 - part of this module's interface
     INT64_MAX,
     INT64_MIN,
@@ -192,7 +194,56 @@ RANK_COPIES = pa.schema(
         pa.field("exposed_ns", pa.int64()),
     ]
 )
-"""Each rank's copies with their hidden time: computed at ingest (``stepscope.rankstats``)."""
+"""Each rank's copies with their hidden time: computed at ingest (``stepscope.store.rankstats``)."""
+
+
+def _rank_step(breakdown: Breakdown) -> pa.Schema:
+    """``rank_step_<name>``: a step's window and its parts, columns from the part catalogue."""
+    return pa.schema(
+        [pa.field("source", _STR, nullable=False), pa.field("step", pa.int64(), nullable=False)]
+        + [pa.field(name, pa.int64()) for name, _ in WINDOW_COLUMNS[breakdown]]
+        + [pa.field(column, pa.int64(), nullable=False) for column in stored_columns(breakdown)]
+    )
+
+
+RANK_STEP_GPU = _rank_step(GPU)
+RANK_STEP_HOST = _rank_step(HOST)
+
+RANK_COMM_SPANS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("part", _STR, nullable=False),
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("s0", pa.int64(), nullable=False),
+        pa.field("s1", pa.int64(), nullable=False),
+    ]
+)
+
+RANK_COLLECTIVES = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("pid", pa.int64()),
+        pa.field("tid", pa.int64()),
+        pa.field("step", pa.int64()),
+        pa.field("name", pa.string()),
+        pa.field("ts_ns", pa.int64(), nullable=False),
+        pa.field("dur_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("stream", pa.int64()),
+        pa.field("correlation", pa.int64()),
+        pa.field("host_side", pa.bool_(), nullable=False),
+        pa.field("collective", _STR),
+        pa.field("bytes", pa.int64()),
+        pa.field("dtype", _STR),
+        pa.field("group_size", pa.int64()),
+        pa.field("pg_name", _STR),
+        pa.field("pg_desc", _STR),
+        pa.field("pg_ranks", pa.string()),
+        pa.field("comm_seq", pa.int64()),
+        pa.field("linked", pa.bool_(), nullable=False),
+    ]
+)
+"""Each rank's collective events with what each is (``stepscope.store.rankstats.collectives``)."""
 
 
 @dataclass(frozen=True)
@@ -216,6 +267,10 @@ TABLES: dict[str, Table] = {
         Table("memory_snapshot", MEMORY_SNAPSHOT, "CUDA caching-allocator snapshot: segments, blocks, alloc/free history"),
         Table("captures", CAPTURES, "one row per rank and capture the watch triggered"),
         Table("rank_copies", RANK_COPIES, "one row per copy of a rank, with the time compute hides of it (computed at ingest)"),
+        Table("rank_step_gpu", RANK_STEP_GPU, "one row per step of a rank with GPU work: its GPU parts (computed at ingest)"),
+        Table("rank_step_host", RANK_STEP_HOST, "one row per step of a rank: its host parts (computed at ingest)"),
+        Table("rank_comm_spans", RANK_COMM_SPANS, "where each step's exposed communication lies (computed at ingest)"),
+        Table("rank_collectives", RANK_COLLECTIVES, "one row per collective event of a rank, with what it is (computed at ingest)"),
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""

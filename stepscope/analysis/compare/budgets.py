@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from stepscope.analysis.parts import GPU
+from stepscope.store.rankstats.parts import GPU
 from stepscope.errors import UsageError
 
 TIME_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
@@ -39,7 +39,7 @@ BUDGET_METRICS: dict[str, str] = {
     **{f"copy_bandwidth_{d}": "gbps" for d in COPY_DIRECTIONS},
 }
 """Metric name -> dimension. These are the names of the comparison's metrics (see metrics.py): the
-step time, each step part the catalogue (:mod:`stepscope.analysis.parts`) names a budget metric
+step time, each step part the catalogue (:mod:`stepscope.store.rankstats.parts`) names a budget metric
 for, the peak memory, the bus bandwidth of the collectives and the copy bandwidth (all copies,
 then per direction)."""
 

@@ -21,7 +21,7 @@ from stepscope.analysis.compare.metrics import (
 )
 from stepscope.analysis.compare.stats import MannWhitney, Spread, mann_whitney_greater, mann_whitney_less, spread
 from stepscope.analysis.findings import Finding, Severity
-from stepscope.analysis.parts import GPU
+from stepscope.store.rankstats.parts import GPU
 from stepscope.analysis.sections import SQLStore
 from stepscope.render.units import format_value, signed_percent
 

@@ -10,7 +10,7 @@ Nothing here recomputes an analysis figure: step parts come from
 rows of :func:`~stepscope.analysis.comm.collective_kernels` and ``copy_summary`` per step. This module only gathers their rows into per-step samples
 (one value per rank and step) and per-name tables, the shapes that statistics need. Which step
 parts are compared, and under which metric names, is the catalogue's
-(``stepscope.analysis.parts.GPU.budget_metrics()``).
+(``stepscope.store.rankstats.parts.GPU.budget_metrics()``).
 When an analysis abstains, the metric is :class:`~stepscope.analysis.absent.Absent` with the
 reason, and the comparison says "not available" instead of inventing a number. The analyses are
 imported, never looked up by name: a renamed one fails at import, it cannot silently switch a
@@ -31,7 +31,7 @@ from stepscope.analysis.comm import collective_kernels, collective_summary
 from stepscope.analysis.copies import copy_summary
 from stepscope.analysis.kernels import top_kernels
 from stepscope.analysis.memory import step_peaks
-from stepscope.analysis.parts import GPU
+from stepscope.store.rankstats.parts import GPU
 from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore
 
@@ -81,7 +81,7 @@ class RunProfile:
     step_source: str
     samples: dict[str, Maybe[list[float]]]
     """Metric -> one value per (rank, step): ``step_time`` and each metric of
-    ``stepscope.analysis.parts.GPU.budget_metrics()``."""
+    ``stepscope.store.rankstats.parts.GPU.budget_metrics()``."""
     peak_memory: Maybe[list[float]]
     """Peak allocated bytes per (rank, device, step) on the GPU (the host when no GPU rows)."""
     peak_memory_device: str | None

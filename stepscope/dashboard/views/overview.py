@@ -10,7 +10,7 @@ import streamlit as st
 from stepscope.analysis.absent import Absent
 from stepscope.analysis.breakdown import host_breakdown, rank_totals, step_breakdown, step_windows
 from stepscope.analysis.matching import clock_offsets
-from stepscope.analysis.parts import GPU, HOST, Part
+from stepscope.store.rankstats.parts import GPU, HOST, Part
 from stepscope.analysis.steps import step_times
 from stepscope.analysis.timeline import late_marks, step_timeline, timeline_parts
 from stepscope.analysis.verdict import verdict

@@ -1,7 +1,7 @@
 """The per-rank tables, and computing all of them for one trace.
 
 Each :class:`RankTable` is a query over relations named like the store's views (``events``,
-``steps``, with ``run`` and ``rank``) that returns the table's columns (``source`` first, no
+``steps``, with ``run`` and ``rank``; and the temporary tables of :func:`prepare`) that returns the table's columns (``source`` first, no
 ``run``/``rank``: the partition gives them). :func:`trace_views` makes those relations over one
 trace's parts, so the converter writes a trace's tables from the parts it just wrote, and
 ``stepscope migrate`` from the parts a store already holds.
@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepscope.rankstats.copies import RANK_COPIES
+from stepscope.store.rankstats.breakdown import PREPARE, comm_spans_query, rank_step_query
+from stepscope.store.rankstats.collectives import RANK_COLLECTIVES
+from stepscope.store.rankstats.copies import RANK_COPIES
+from stepscope.store.rankstats.parts import GPU, HOST
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,10 @@ class RankTable:
 
 TABLES: tuple[RankTable, ...] = (
     RankTable("rank_copies", RANK_COPIES),
+    RankTable("rank_step_gpu", rank_step_query(GPU)),
+    RankTable("rank_step_host", rank_step_query(HOST)),
+    RankTable("rank_comm_spans", comm_spans_query()),
+    RankTable("rank_collectives", RANK_COLLECTIVES),
 )
 """Every per-rank table, in the order they are written."""
 
@@ -40,3 +47,16 @@ def trace_views(con: Any, parts: dict[str, Path], run: str, rank: int) -> None:
     for table, path in parts.items():
         con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT *, {_sql_string(run)} AS run, "
                     f"{int(rank)}::INTEGER AS rank FROM read_parquet({_sql_string(str(path))})")
+
+
+def params(query: str, run: str) -> dict[str, str]:
+    """The parameters of a per-rank query (``$run`` where it reads the views; DuckDB refuses
+    parameters a statement does not use)."""
+    return {"run": run} if "$run" in query else {}
+
+
+def prepare(con: Any, run: str) -> None:
+    """The temporary tables the queries of :data:`TABLES` share (one sweep per breakdown), over
+    the views :func:`trace_views` made."""
+    for statement in PREPARE:
+        con.execute(statement, params(statement, run))

@@ -15,9 +15,13 @@ it has not been stored); it imports neither, nor torch, nor streamlit.
   the hidden time of intervals under the rank's compute kernels.
 - ``copies.py``: every copy of the rank with its direction, host memory and hidden time
   (table ``rank_copies``).
+- ``parts.py``: the catalogue of a step's parts (GPU and host), the one list of them.
+- ``breakdown.py``: the step breakdown's SQL generated from the catalogue, and the tables
+  ``rank_step_gpu``, ``rank_step_host`` (each step's parts) and ``rank_comm_spans`` (where its
+  exposed communication lies, for the cross-rank split into waiting and transfer).
 - ``reduce.py``: the registry of per-rank tables and the run of all of them over one trace.
 """
 
-from stepscope.rankstats.reduce import TABLES, RankTable, trace_views  # noqa: E402
+from stepscope.store.rankstats.reduce import TABLES, RankTable, params, prepare, trace_views  # noqa: E402
 
-__all__ = ["TABLES", "RankTable", "trace_views"]
+__all__ = ["TABLES", "RankTable", "params", "prepare", "trace_views"]

@@ -11,7 +11,7 @@ rank's kernels): it is what the ``rank_copies`` table stores, per rank, at inges
 
 from __future__ import annotations
 
-from stepscope.rankstats.sweep import hidden_ctes
+from stepscope.store.rankstats.sweep import hidden_ctes
 
 
 def copies_ctes(ranks_sql: str = "TRUE") -> str:

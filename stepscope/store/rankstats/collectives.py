@@ -1,0 +1,87 @@
+"""Every collective event of a rank, with what it is: the per-rank half of cross-rank matching.
+
+A collective event is a communication kernel, or a gloo transfer (a ``gloo:*`` annotation on
+gloo's worker thread). What a kernel is (collective, bytes, dtype, process group, sequence
+number) comes from its own args, else from the innermost communication op enclosing its launch
+on the launching thread (older traces), else nothing; the ``sources`` row's process-group table
+fills in a group's size and name later (the analysis, :mod:`stepscope.analysis.matching`, which
+matches these rows across ranks). All of that reads one rank's events only, so it is computed
+when the trace is converted: table ``rank_collectives``, one row per collective event, which
+the cross-rank analyses (skew, waits, stragglers, clock offsets) read instead of the events.
+"""
+
+from __future__ import annotations
+
+HOST_SIDE_SQL = "e.kind = 'user_annotation' AND e.name LIKE 'gloo:%'"
+"""Host-side transfers counted as collectives: gloo's worker-thread annotations (``gloo:all_reduce``),
+the only record of the transfer itself in a gloo run (``c10d::allreduce_`` only enqueues it, and
+``nccl:*`` annotations are the host side of a kernel that is counted already)."""
+
+def collective_point_ctes() -> str:
+    """CTEs (names starting ``_c_``) ending in ``_c_m``: every collective event of ``events`` for
+    ``$run`` (any ranks), numbered ``point_id`` in (rank, source, time) order, with what it is:
+    ``group_size0, pg_name0, pg_desc0, pg_ranks0`` as the event or its launching op says
+    (the process-group table of ``sources`` is applied after, across ranks)."""
+    return f"""
+_c_ev AS MATERIALIZED (
+  SELECT row_number() OVER (ORDER BY e.rank, e.source, e.ts_ns, e.stream, e.correlation, e.tid) AS point_id,
+         e.run, e.rank, e.source, e.pid, e.tid, e.step, e.name, e.ts_ns, e.dur_ns, e.ts_ns + e.dur_ns AS end_ns,
+         e.stream, e.correlation, e.kind <> 'kernel' AS host_side,
+         e.collective::VARCHAR AS collective, e.bytes, e.dtype::VARCHAR AS dtype, e.group_size,
+         e.pg_name::VARCHAR AS pg_name, e.pg_desc::VARCHAR AS pg_desc, e.pg_ranks::VARCHAR AS pg_ranks,
+         e.comm_seq, coalesce(e.args LIKE '%"Collective name"%', FALSE) AS own_args
+  FROM events e
+  WHERE e.run = $run AND e.category = 'communication' AND e.dur_ns IS NOT NULL
+    AND (e.kind = 'kernel' OR ({HOST_SIDE_SQL}))
+),
+_c_launch AS (
+  SELECT c.point_id, c.source, arg_min(l.pid, l.ts_ns) AS pid, arg_min(l.tid, l.ts_ns) AS tid,
+         min(l.ts_ns) AS ts_ns
+  FROM _c_ev c JOIN events l
+    ON l.run = $run AND l.rank = c.rank AND l.source = c.source AND l.correlation = c.correlation
+   AND l.kind IN ('cuda_runtime', 'cuda_driver')
+  WHERE NOT c.host_side
+  GROUP BY c.point_id, c.source
+),
+_c_ops AS (
+  SELECT e.source, e.pid, e.tid, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns, e.collective::VARCHAR AS collective,
+         e.bytes, e.dtype::VARCHAR AS dtype, e.group_size, e.pg_name::VARCHAR AS pg_name,
+         e.pg_desc::VARCHAR AS pg_desc, e.pg_ranks::VARCHAR AS pg_ranks, e.comm_seq
+  FROM events e
+  WHERE e.run = $run AND e.kind IN ('cpu_op', 'user_annotation') AND e.category = 'communication'
+    AND e.dur_ns IS NOT NULL AND NOT ({HOST_SIDE_SQL})
+),
+_c_link AS (
+  -- the innermost (latest-starting) enclosing op that says each thing
+  SELECT l.point_id,
+         arg_max(o.collective, o.ts_ns) FILTER (WHERE o.collective IS NOT NULL) AS collective,
+         arg_max(o.bytes, o.ts_ns) FILTER (WHERE o.bytes IS NOT NULL) AS bytes,
+         arg_max(o.dtype, o.ts_ns) FILTER (WHERE o.dtype IS NOT NULL) AS dtype,
+         arg_max(o.group_size, o.ts_ns) FILTER (WHERE o.group_size IS NOT NULL) AS group_size,
+         arg_max(o.pg_name, o.ts_ns) FILTER (WHERE o.pg_name IS NOT NULL) AS pg_name,
+         arg_max(o.pg_desc, o.ts_ns) FILTER (WHERE o.pg_desc IS NOT NULL) AS pg_desc,
+         arg_max(o.pg_ranks, o.ts_ns) FILTER (WHERE o.pg_ranks IS NOT NULL) AS pg_ranks,
+         arg_max(o.comm_seq, o.ts_ns) FILTER (WHERE o.comm_seq IS NOT NULL) AS comm_seq
+  FROM _c_launch l JOIN _c_ops o
+    ON o.source = l.source AND o.pid = l.pid AND o.tid = l.tid AND o.ts_ns <= l.ts_ns AND o.end_ns >= l.ts_ns
+  GROUP BY l.point_id
+),
+_c_m AS (
+  SELECT c.* EXCLUDE (collective, bytes, dtype, group_size, pg_name, pg_desc, pg_ranks, comm_seq, own_args),
+         CASE WHEN c.own_args THEN c.collective ELSE coalesce(k.collective, c.collective) END AS collective,
+         coalesce(c.bytes, k.bytes) AS bytes, coalesce(c.dtype, k.dtype) AS dtype,
+         coalesce(c.group_size, k.group_size) AS group_size0, coalesce(c.pg_name, k.pg_name) AS pg_name0,
+         coalesce(c.pg_desc, k.pg_desc) AS pg_desc0, coalesce(c.pg_ranks, k.pg_ranks) AS pg_ranks0,
+         coalesce(c.comm_seq, k.comm_seq) AS comm_seq, k.point_id IS NOT NULL AS linked
+  FROM _c_ev c LEFT JOIN _c_link k USING (point_id)
+)"""
+
+
+RANK_COLLECTIVES = f"""
+WITH {collective_point_ctes()}
+SELECT source, pid, tid, step, name, ts_ns, dur_ns, end_ns, stream, correlation, host_side, collective, bytes,
+       dtype, group_size0 AS group_size, pg_name0 AS pg_name, pg_desc0 AS pg_desc, pg_ranks0 AS pg_ranks,
+       comm_seq, linked
+FROM _c_m ORDER BY point_id
+"""
+"""The ``rank_collectives`` rows of one trace (``$run``; the views hold that trace only)."""
