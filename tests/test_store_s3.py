@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -118,6 +119,17 @@ def test_commands_read_an_s3_store(s3: Any, tmp_path: Path, capsys: pytest.Captu
     out = tmp_path / "report.html"
     assert main(["report", "late", "--store", url, "--out", str(out)]) == 0
     assert "stepscope report: late" in out.read_text()
+    # the dashboard on the URL: the Overview renders the run, with no error
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setattr(sys, "argv", ["app.py", "--store", url])
+    at = AppTest.from_file(str(REPO / "stepscope" / "dashboard" / "app.py"), default_timeout=120)
+    at.query_params["run"] = "late"
+    at.switch_page("views/overview.py")
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    assert [t.value for t in at.title] == ["Overview: late"]
+    assert at.metric, "the Overview showed no figures"
 
 
 def test_uncommitted_parts_are_invisible(s3: Any, tmp_path: Path) -> None:

@@ -49,10 +49,10 @@ class TraceHandler:
     ) -> None:
         if convert not in CONVERT_MODES:
             raise UsageError(f"convert must be one of {', '.join(CONVERT_MODES)}, not {convert!r}")
-        self.policy = FaultPolicy(strict, store=Path(store))
+        self._store = store_location(store) if isinstance(store, str) else Path(store)
+        self.policy = FaultPolicy(strict, store=self._store)
         self.writer = BackgroundWriter(self.policy)
         self.flush_timeout_s = flush_timeout_s
-        self._store = store_location(store) if isinstance(store, str) else Path(store)
         self._run = run
         self._tags = dict(tags) if tags else None
         self._trace_dir = Path(trace_dir) if trace_dir is not None else None
