@@ -245,3 +245,33 @@ def test_profile_writes_into_s3(s3: Any) -> None:
         assert [(r["step"], r["profiled"]) for r in timed] == [(s, s == 2) for s in range(4)]
         assert opened.sql("SELECT count(*) AS n FROM events").column("n")[0].as_py() > 0
     assert not [k for k in _keys(s3, url) if ".json" in k]
+
+
+def test_two_recordings_of_a_rank_become_two_runs_in_s3_as_locally(s3: Any, tmp_path: Path) -> None:
+    """Sessions on an object store: the later recording's parts are moved to ``<run>-session2``
+    in the object store (one batch, decided in order), and a refused overlap leaves no part."""
+    from tests.conftest import write_trace
+    from tests.test_ingest_sessions import MINUTES_US, _events
+
+    folder = tmp_path / "traces"
+    write_trace(folder / "a" / "rank0.json", _events(), distributedInfo={"rank": 0})
+    write_trace(folder / "b" / "rank0.json", _events(shift_us=8 * MINUTES_US), distributedInfo={"rank": 0})
+    url = "s3://stepscope-test/sessions"
+    remote = ingest_paths([folder], url, "job")
+    local = ingest_paths([folder], tmp_path / "local", "job")
+    assert remote.ok and [(t.run, t.note) for t in remote.stored] == [(t.run, t.note) for t in local.stored]
+    assert [t.run for t in remote.stored] == ["job", "job-session2"]
+    moved = remote.stored[1].source
+    keys = _keys(s3, url)
+    assert not [k for k in keys if k.startswith("events/run=job/") and moved in k]  # moved, not copied
+    assert f"events/run=job-session2/rank=0/part-{moved}.parquet" in keys
+    with open_store(url) as opened:
+        spans = opened.sql("SELECT run, max(ts_ns + dur_ns) - min(ts_ns) AS span FROM events "
+                           "WHERE kind = 'kernel' GROUP BY run").to_pylist()
+    assert {r["run"]: r["span"] for r in spans} == {"job": 220_000, "job-session2": 220_000}
+    # a different trace overlapping rank 0 of job: refused with the local line, its parts removed
+    write_trace(folder / "c" / "rank0.json", _events(shift_us=50, pid=2), distributedInfo={"rank": 0})
+    refused = ingest_paths([folder / "c"], url, "job")
+    assert refused.errors == ingest_paths([folder / "c"], tmp_path / "local", "job").errors
+    assert len(refused.errors) == 1 and "overlaps it in time" in refused.errors[0]
+    assert _keys(s3, url) - keys == set()
