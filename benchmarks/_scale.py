@@ -34,7 +34,7 @@ from stepscope.store import schema
 from stepscope.store.writer import part_path, write_partition
 
 TIMESTAMP_COLUMNS = frozenset({"ts_ns", "start_ns", "end_ns", "cpu_start_ns", "trace_start_ns", "trace_end_ns",
-                               "s0", "s1"})
+                               "gpu_start_ns", "gpu_end_ns", "peak_ts_ns", "s0", "s1"})
 """Columns holding points in time (shifted); every other ``*_ns`` column is a duration (kept)."""
 COMMIT_TABLE = "sources"
 

@@ -11,7 +11,7 @@ import pytest
 
 from stepscope.analysis.breakdown import host_breakdown
 from stepscope.analysis.compare.metrics import peak_memory_samples
-from stepscope.analysis.devices import DEVICE_TYPES, device_name, is_accelerator
+from stepscope.store.rankstats.devices import DEVICE_TYPES, device_name, is_accelerator
 from stepscope.analysis.kernels import top_cpu_ops
 from stepscope.analysis.memory import memory_timeline, step_peaks
 from stepscope.analysis.summary import build_summary

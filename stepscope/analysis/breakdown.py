@@ -62,8 +62,8 @@ def rank_status(store: SQLStore, run: str) -> pa.Table:
         f"""
         WITH r AS (SELECT rank, count(*) AS sources FROM sources WHERE run = $run GROUP BY rank),
              s AS (SELECT rank, count(*) AS steps FROM steps WHERE run = $run GROUP BY rank),
-             g AS (SELECT rank, count(*) AS gpu_events FROM events
-                   WHERE run = $run AND kind IN {GPU_KINDS_SQL} AND dur_ns > 0 GROUP BY rank)
+             g AS (SELECT rank, sum(gpu_events)::BIGINT AS gpu_events FROM rank_gpu_totals
+                   WHERE run = $run AND scope = 'all' GROUP BY rank)
         SELECT r.rank, r.sources, coalesce(s.steps, 0) AS steps, coalesce(g.gpu_events, 0) AS gpu_events
         FROM r LEFT JOIN s USING (rank) LEFT JOIN g USING (rank) ORDER BY r.rank
         """,
@@ -264,7 +264,8 @@ def step_windows(store: SQLStore, run: str, ranks: Sequence[int] | None = None) 
 def host_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
     """Host (CPU) time of every step, split into disjoint parts over all the rank's threads.
 
-    Window: the ProfilerStep CPU window. The parts are those of
+    Window: the ProfilerStep CPU window (one that starts before the previous ended starts where
+    it ended: :func:`stepscope.store.rankstats.breakdown.step_window_ctes`). The parts are those of
     :data:`stepscope.store.rankstats.parts.HOST`, in its priority order (data loading, optimizer,
     blocked in synchronisation, compute ops, communication ops not under any of those: exposed
     host communication, split into waiting for peers and the rest; other: none of these active
@@ -310,25 +311,23 @@ def rank_totals(
     100 * overlap / comm. One row per rank of the run; GPU figures are null on ranks without
     GPU events (``absent_reason`` says so), the overlap also on ranks without communication.
 
-    By default every GPU event of the trace counts. ``hta_scope=True`` counts only the events
+    Read from ``rank_gpu_totals`` (computed per trace at ingest). By default every GPU event of
+    the trace counts. ``hta_scope=True`` counts only the events
     HTA's loader keeps (work whose launch is recorded and began before the last step started,
     when there are two steps or more), to compare with HTA number for number; see
     docs/ANALYSIS.md for why that is not the default.
     """
     rf, extra = rank_filter(ranks)
-    compute, comm = active(GPU, [COMPUTE]), active(GPU, [COMM_EXPOSED])  # |U(compute)|, |U(communication)|
     query = f"""
-    WITH {gpu_cte(rf, hta_scope=hta_scope)},
-    win AS (SELECT rank, 0 AS step, min(t0) AS w0, max(t1) AS w1 FROM gpu GROUP BY rank),
-    iv AS (SELECT rank, t0, t1, cls FROM gpu),
-    {sweep_ctes(len(GPU.classes))},
+    WITH win AS (
+        SELECT rank, min(gpu_start_ns) AS w0, max(gpu_end_ns) AS w1
+        FROM rank_gpu_totals WHERE run = $run AND scope = $scope AND {rf} GROUP BY rank
+    ),
     _tot AS (
-        SELECT rank,
-            {ns_column("sum(len) FILTER (busy)", "gpu_busy_ns")},
-            {ns_column(f"sum(len) FILTER ({compute})", "compute_ns")},
-            {ns_column(f"sum(len) FILTER ({comm})", "comm_ns")},
-            {ns_column(f"sum(len) FILTER ({compute} AND {comm})", "comm_comp_overlap_ns")}
-        FROM seg GROUP BY rank
+        -- a rank's traces never overlap in time: their unions add up
+        SELECT rank, sum(gpu_busy_ns)::BIGINT AS gpu_busy_ns, sum(compute_ns)::BIGINT AS compute_ns,
+               sum(comm_ns)::BIGINT AS comm_ns, sum(comm_comp_overlap_ns)::BIGINT AS comm_comp_overlap_ns
+        FROM rank_gpu_totals WHERE run = $run AND scope = $scope AND {rf} GROUP BY rank
     ),
     _ranks AS (SELECT DISTINCT rank FROM sources WHERE run = $run AND {rf})
     SELECT $run AS run, r.rank,
@@ -345,4 +344,5 @@ def rank_totals(
     FROM _ranks r LEFT JOIN win w USING (rank) LEFT JOIN _tot t USING (rank)
     ORDER BY r.rank
     """
-    return _run(store, query, run, {**extra, "no_gpu": NO_GPU_EVENTS, "no_comm": NO_COMMUNICATION})
+    return _run(store, query, run, {**extra, "no_gpu": NO_GPU_EVENTS, "no_comm": NO_COMMUNICATION,
+                                    "scope": "hta" if hta_scope else "all"})

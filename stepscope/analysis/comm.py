@@ -41,9 +41,7 @@ from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ranks_phrase, rule
 from stepscope.analysis.matching import POINT_TO_POINT, clock_offsets, collective_ctes, collective_rows
-from stepscope.analysis.overlap import COMPUTE_KERNELS_SQL, hidden_ctes
-from stepscope.store.rankstats.parts import COMM_EXPOSED, COMMUNICATION_OPS, COMPUTE, COMPUTE_OPS, HOST, PEER_WAITS
-from stepscope.analysis.phase import gpu_phase_ctes
+from stepscope.store.rankstats.parts import COMM_EXPOSED, COMMUNICATION_OPS, COMPUTE, COMPUTE_OPS, PEER_WAITS
 from stepscope.analysis.quantiles import median, median_sql
 from stepscope.analysis.sections import SQLStore, section
 from stepscope.render.units import duration
@@ -83,21 +81,11 @@ def _params(run: str, ranks: Sequence[int] | None, column: str = "e.rank") -> tu
     return predicate, {"run": run, **params}
 
 
-_HOST_HIDING = " OR ".join(f"({claim})" for p in HOST.earlier(COMMUNICATION_OPS) for claim in p.claims)
-_HIDING_SQL = f"""
-  ({COMPUTE_KERNELS_SQL})
-  OR (e.kind IN {sql_list(HOST.kinds)} AND ({_HOST_HIDING})
-      AND e.rank NOT IN (SELECT rank FROM events WHERE run = e.run AND kind = 'kernel'))"""
-"""What hides a collective: on a rank with GPU kernels its compute kernels; on a CPU-only rank the
-host work the host breakdown puts before communication (data loading, optimizer, syncs, compute
-ops: :data:`stepscope.store.rankstats.parts.HOST`), as gloo's thread transfers while the main thread
-computes."""
-
-
 def _kernels_ctes(ranks_sql: str) -> str:
     """CTEs ``comm`` (the rows of :func:`stepscope.analysis.matching.collective_ctes` of the
     ranks asked for: one per communication kernel or host-side gloo transfer, matched across
-    ranks), ``hidden``, ``ph`` and ``kernels``.
+    ranks, with the phase of its launch), ``hidden`` (from ``rank_hiding_spans``, written at
+    ingest: what hides each collective and its wait) and ``kernels``; no event is read.
 
     Host-side transfers have no hidden/exposed time (they run on the host, beside no GPU
     compute) and no phase (they run on the backend's worker thread, outside every marker).
@@ -111,10 +99,14 @@ comm_iv AS (
   UNION ALL
   SELECT 2 * point_id + 1, run, rank, ts_ns, ts_ns + wait_ns FROM comm WHERE wait_ns > 0
 ),
-{hidden_ctes('comm_iv', 'hidden', _HIDING_SQL)},
-{gpu_phase_ctes('comm', 'ph')},
+hidden AS (
+  -- the part of each under the rank's hiding work (rank_hiding_spans, disjoint stretches)
+  SELECT t.point_id, sum(least(t.t1, h.s1) - greatest(t.t0, h.s0))::BIGINT AS hidden_ns
+  FROM comm_iv t JOIN rank_hiding_spans h ON h.run = t.run AND h.rank = t.rank AND h.s0 < t.t1 AND h.s1 > t.t0
+  GROUP BY t.point_id
+),
 kernels AS (
-  SELECT c.*, ph.phase,
+  SELECT c.*,
          coalesce(h.hidden_ns, 0) AS hidden_ns,
          c.dur_ns - coalesce(h.hidden_ns, 0) AS exposed_ns,
          c.wait_ns - coalesce(hw.hidden_ns, 0) AS exposed_wait_ns,
@@ -122,7 +114,6 @@ kernels AS (
   FROM comm c
   LEFT JOIN hidden h ON h.point_id = 2 * c.point_id
   LEFT JOIN hidden hw ON hw.point_id = 2 * c.point_id + 1
-  LEFT JOIN ph ON ph.point_id = c.point_id
 )"""
 
 

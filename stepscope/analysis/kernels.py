@@ -1,6 +1,8 @@
 """Kernels and ops: what the GPU and the CPU spend their time on, launch overhead, step times.
 
 All per rank, in DuckDB SQL over the store. Definitions in docs/ANALYSIS.md ("Kernels and ops").
+The top kernels and CPU ops rank the per-name aggregates each rank's ingest wrote
+(``rank_kernels``, ``rank_cpu_ops``: :mod:`stepscope.store.rankstats.kernels`).
 """
 
 from __future__ import annotations
@@ -10,9 +12,8 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from stepscope.analysis._sql import rank_filter
-from stepscope.analysis.breakdown import GPU_KINDS_SQL, gpu_cte, window_ctes
+from stepscope.analysis.breakdown import GPU_KINDS_SQL
 from stepscope.analysis.cache import cached_frame
-from stepscope.store.rankstats.parts import SYNC_WAIT
 from stepscope.analysis.quantiles import median_sql, quantile_sql
 from stepscope.analysis.sections import SQLStore
 
@@ -30,19 +31,12 @@ def top_kernels(store: SQLStore, run: str, n: int = 20, ranks: Sequence[int] | N
     """
     rf, extra = rank_filter(ranks)
     query = f"""
-    WITH {gpu_cte(rf)}, {window_ctes(rf)},
-    _step_time AS (SELECT rank, sum(w1 - w0) AS step_ns FROM win GROUP BY rank),
-    _work AS (
-        SELECT e.rank, e.name, e.kind, e.category, e.dur_ns
-        FROM events e LEFT JOIN _step_time st USING (rank)
-        WHERE e.run = $run AND e.kind IN {GPU_KINDS_SQL} AND e.dur_ns > 0 AND {rf}
-          AND (st.rank IS NULL OR e.step IS NOT NULL)
-    ),
+    WITH _step_time AS (SELECT rank, sum(dur_ns) AS step_ns FROM rank_step_gpu WHERE run = $run AND {rf} GROUP BY rank),
     _agg AS (
         SELECT rank, name, any_value(kind) AS kind, any_value(category) AS category,
-               count(*) AS count, sum(dur_ns)::BIGINT AS total_ns, avg(dur_ns) AS mean_ns,
-               max(dur_ns) AS max_ns
-        FROM _work GROUP BY rank, name
+               sum(count)::BIGINT AS count, sum(total_ns)::BIGINT AS total_ns, sum(total_ns) / sum(count) AS mean_ns,
+               max(max_ns) AS max_ns
+        FROM rank_kernels WHERE run = $run AND {rf} GROUP BY rank, name
     ),
     _ranked AS (
         SELECT *, row_number() OVER (PARTITION BY rank ORDER BY total_ns DESC, name) AS rank_in_rank
@@ -55,11 +49,6 @@ def top_kernels(store: SQLStore, run: str, n: int = 20, ranks: Sequence[int] | N
     ORDER BY r.rank, r.rank_in_rank
     """
     return store.sql(query, {"run": run, "n": int(n), **extra})
-
-
-_THREAD = "coalesce(e.pid::VARCHAR, '') || '/' || coalesce(e.tid::VARCHAR, e.thread_label, '')"
-"""A host event's thread: process and thread id, or the thread's label where the trace gave a
-string id (older traces), so that nesting is found on every trace."""
 
 
 @cached_frame("top_cpu_ops")
@@ -82,56 +71,11 @@ def top_cpu_ops(store: SQLStore, run: str, n: int = 20, ranks: Sequence[int] | N
     WITH _step_time AS (
         SELECT rank, sum(dur_ns) AS step_ns FROM steps WHERE run = $run AND {rf} GROUP BY rank
     ),
-    _ops AS MATERIALIZED (
-        SELECT row_number() OVER (ORDER BY e.rank, e.source, e.pid, e.tid, e.ts_ns, e.dur_ns DESC) AS op_id,
-               e.rank, e.source, {_THREAD} AS thread, e.name, e.category, e.ts_ns, e.dur_ns, e.step
-        FROM events e
-        WHERE e.run = $run AND e.kind = 'cpu_op' AND e.dur_ns IS NOT NULL AND {rf}
-          AND e.name NOT LIKE 'ProfilerStep#%'
-    ),
-    _marks AS (
-        SELECT op_id, rank, source, thread, ts_ns AS t, 1 AS d, 1 AS is_start FROM _ops
-        UNION ALL SELECT op_id, rank, source, thread, ts_ns + dur_ns, -1, 0 FROM _ops
-    ),
-    _depth AS (
-        -- ops open when each op starts (an end at the same instant closes first): its depth
-        SELECT op_id, is_start, sum(d) OVER (PARTITION BY rank, source, thread ORDER BY t, is_start, op_id
-                                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS open_before
-        FROM _marks
-    ),
-    _nested AS (
-        SELECT o.*, coalesce(dp.open_before, 0) AS depth
-        FROM _ops o JOIN _depth dp ON dp.op_id = o.op_id AND dp.is_start = 1
-    ),
-    _parent AS (
-        SELECT c.op_id, c.dur_ns, p.op_id AS parent_id
-        FROM _nested c ASOF JOIN _nested p
-          ON p.rank = c.rank AND p.source = c.source AND p.thread = c.thread AND p.depth = c.depth - 1
-         AND p.op_id < c.op_id
-    ),
-    _children AS (SELECT parent_id AS op_id, sum(dur_ns) AS child_ns FROM _parent GROUP BY parent_id),
-    _syncs AS (
-        SELECT rank, source, {_THREAD} AS thread, ts_ns, dur_ns FROM events e
-        WHERE run = $run AND {rf} AND dur_ns > 0 AND kind IN ('cuda_runtime', 'cuda_driver') AND ({SYNC_WAIT.claims[0]})
-    ),
-    _sync_in AS (
-        SELECT o.op_id, sum(least(o.ts_ns + o.dur_ns, s.ts_ns + s.dur_ns) - greatest(o.ts_ns, s.ts_ns)) AS sync_ns
-        FROM _ops o JOIN _syncs s
-          ON s.rank = o.rank AND s.source = o.source AND s.thread = o.thread
-         AND s.ts_ns < o.ts_ns + o.dur_ns AND s.ts_ns + s.dur_ns > o.ts_ns
-        GROUP BY o.op_id
-    ),
     _agg AS (
-        SELECT o.rank, o.name, any_value(o.category) AS category, count(*) AS count,
-               sum(o.dur_ns)::BIGINT AS total_ns,
-               sum(greatest(o.dur_ns - coalesce(c.child_ns, 0), 0))::BIGINT AS self_ns,
-               coalesce(sum(y.sync_ns), 0)::BIGINT AS sync_ns,
-               avg(o.dur_ns) AS mean_ns, max(o.dur_ns) AS max_ns
-        FROM _ops o LEFT JOIN _step_time st USING (rank)
-        LEFT JOIN _children c ON c.op_id = o.op_id
-        LEFT JOIN _sync_in y ON y.op_id = o.op_id
-        WHERE st.rank IS NULL OR o.step IS NOT NULL
-        GROUP BY o.rank, o.name
+        SELECT rank, name, any_value(category) AS category, sum(count)::BIGINT AS count,
+               sum(total_ns)::BIGINT AS total_ns, sum(self_ns)::BIGINT AS self_ns, sum(sync_ns)::BIGINT AS sync_ns,
+               sum(total_ns) / sum(count) AS mean_ns, max(max_ns) AS max_ns
+        FROM rank_cpu_ops WHERE run = $run AND {rf} GROUP BY rank, name
     ),
     _ranked AS (
         SELECT *, row_number() OVER (PARTITION BY rank ORDER BY total_ns DESC, name) AS rank_in_rank

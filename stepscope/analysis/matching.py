@@ -48,7 +48,7 @@ _c_m AS MATERIALIZED (
   SELECT row_number() OVER (ORDER BY rank, source, ts_ns, stream, correlation, tid) AS point_id,
          run, rank, source, pid, tid, step, name, ts_ns, dur_ns, end_ns, stream, correlation, host_side,
          collective, bytes, dtype, group_size AS group_size0, pg_name AS pg_name0, pg_desc AS pg_desc0,
-         pg_ranks AS pg_ranks0, comm_seq, linked
+         pg_ranks AS pg_ranks0, comm_seq, linked, phase
   FROM rank_collectives WHERE run = $run
 )"""
 """The collective events of the run as ingest stored them (``rank_collectives``), numbered as
@@ -108,6 +108,7 @@ def collective_ctes(points: str = STORED_POINTS) -> str:
     comm_seq, linked`` (what the kernel is came from its launching op), ``inst_id, matched_by,
     match_seq, members, inst_ranks, inst_group_size, valid, absent_reason, collective_mismatch,
     clock_correction_ns, aligned_ts_ns, aligned_end_ns, first_start_ns, last_start_ns`` (aligned),
+    ``phase`` (of the launch),
     ``wait_ns, late`` (null on invalid instances).
 
     ``points``: CTEs ending in ``_c_m``, the collective events with what each is (by default the
@@ -209,7 +210,7 @@ coll AS MATERIALIZED (
          g.stream, g.correlation, g.host_side, g.collective, g.bytes, g.dtype, g.group_size, g.pg_name,
          g.pg_desc, g.pg_ranks, g.comm_seq, g.linked, g.inst_id, g.matched_by, g.match_seq, g.members,
          g.inst_ranks, g.inst_group_size, g.collective_mismatch, g.valid, g.absent_reason,
-         g.clock_correction_ns, g.aligned_ts_ns, g.aligned_end_ns, i.first_start_ns, i.last_start_ns,
+         g.clock_correction_ns, g.aligned_ts_ns, g.aligned_end_ns, i.first_start_ns, i.last_start_ns, g.phase,
          CASE WHEN g.valid THEN least(greatest(i.last_start_ns - g.aligned_ts_ns, 0), g.dur_ns) END AS wait_ns,
          CASE WHEN g.valid THEN coalesce(g.aligned_ts_ns >= l.late_from, FALSE) END AS late
   FROM _c_gap g JOIN _c_inst2 i USING (inst_id) LEFT JOIN _c_late l USING (inst_id)

@@ -6,7 +6,7 @@ Everything comes from the ``[memory]`` events that ``profile_memory=True`` recor
 
 - ``total_allocated`` / ``total_reserved`` are the allocator's own counters after each event,
   per device (``device_type`` as Kineto writes it, named and classed as host or accelerator
-  memory by :mod:`stepscope.analysis.devices`: 0 CPU, 1 CUDA, 6 HIP, ...). Events without the
+  memory by :mod:`stepscope.store.rankstats.devices`: 0 CPU, 1 CUDA, 6 HIP, ...). Events without the
   counters (older traces) get ``total_allocated`` rebuilt from their ``Bytes`` deltas
   (:func:`memory_cte`).
 - A step's peak is its event with the largest ``total_allocated`` (the earliest on ties), the
@@ -35,9 +35,9 @@ import pyarrow as pa
 from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
-from stepscope.analysis.devices import accelerator_sql, name_sql
+from stepscope.store.rankstats.devices import accelerator_sql, name_sql
+from stepscope.store.rankstats.memory import memory_cte, stack_cte, threads_cte
 from stepscope.analysis.findings import Finding, Results, Severity, ranks_phrase, rule
-from stepscope.analysis.phase import phase_cte
 from stepscope.analysis.sections import SQLStore, section
 
 NO_MEMORY_EVENTS = ("no [memory] events in the traces of this run or of the ranks asked for "
@@ -49,32 +49,6 @@ NO_SNAPSHOT = "no CUDA memory snapshot recorded (the collector takes one on CUDA
 def _params(run: str, ranks: Sequence[int] | None, column: str = "rank") -> tuple[str, dict[str, object]]:
     predicate, params = rank_filter(ranks, column)
     return predicate, {"run": run, **params}
-
-
-def memory_cte(ranks_sql: str, out: str = "mem_events") -> str:
-    """CTE ``out``: the run's ``[memory]`` events (``memory`` table, ranks of ``ranks_sql``) with
-    ``total_allocated`` rebuilt from the ``Bytes`` deltas on devices whose events carry no totals
-    (older traces): the running sum of ``bytes`` in time order, raised so that its minimum is 0
-    (frees of memory allocated before the trace began would take it below). ``rebuilt`` says
-    which; ``total_reserved`` stays null there (deltas say nothing about the allocator's cache).
-    Also ``device_name`` and ``accelerator`` (:mod:`stepscope.analysis.devices`)."""
-    return f"""
-{out}_raw AS (
-  SELECT *, row_number() OVER (ORDER BY rank, source, ts_ns, addr, bytes) AS mid,
-         count(total_allocated) OVER d = 0 AS rebuilt,
-         sum(bytes) OVER (PARTITION BY source, device_type, device ORDER BY ts_ns, addr, bytes
-                          ROWS UNBOUNDED PRECEDING) AS running
-  FROM memory WHERE run = $run AND {ranks_sql}
-  WINDOW d AS (PARTITION BY source, device_type, device)
-),
-{out} AS (
-  SELECT * EXCLUDE (total_allocated, running),
-         CASE WHEN rebuilt THEN (running - least(0, min(running) OVER d))::BIGINT ELSE total_allocated END
-           AS total_allocated,
-         {name_sql("device_type")} AS device_name, {accelerator_sql("device_type")} AS accelerator
-  FROM {out}_raw
-  WINDOW d AS (PARTITION BY source, device_type, device)
-)"""
 
 
 @cached_frame("memory_timeline")
@@ -128,34 +102,6 @@ allocs AS MATERIALIZED (
 )"""
 
 
-def _threads_cte(points: str, out: str) -> str:
-    """CTE ``out(point_id, source, pid, tid, ts_ns, end_ns)``: the thread of each ``[memory]``
-    event of CTE ``points(point_id, source, ts_ns, bytes, device)``, matched in ``events``."""
-    return f"""
-{out} AS (
-  SELECT p.point_id, p.source, any_value(e.pid) AS pid, any_value(e.tid) AS tid,
-         p.ts_ns, p.ts_ns AS end_ns
-  FROM {points} p JOIN events e
-    ON e.kind = 'memory' AND e.source = p.source AND e.ts_ns = p.ts_ns AND e.bytes = p.bytes
-   AND e.device IS NOT DISTINCT FROM p.device
-  GROUP BY p.point_id, p.source, p.ts_ns
-)"""
-
-
-def _stack_cte(threads: str, out: str) -> str:
-    """CTE ``out(point_id, ops)``: host ops enclosing each point of ``threads``, outermost first."""
-    return f"""
-{out} AS (
-  SELECT t.point_id, list(h.name ORDER BY h.ts_ns, h.dur_ns DESC) AS ops
-  FROM {threads} t JOIN events h
-    ON h.source = t.source AND h.pid = t.pid AND h.tid = t.tid
-   AND h.kind IN ('cpu_op', 'user_annotation') AND h.dur_ns IS NOT NULL
-   AND h.ts_ns <= t.ts_ns AND h.ts_ns + h.dur_ns >= t.ts_ns
-   AND h.name NOT LIKE 'ProfilerStep#%'
-  GROUP BY t.point_id
-)"""
-
-
 @cached_frame("memory_step_peaks")
 def step_peaks(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """Per rank, device and step: the peak of allocated memory, when it happened, reserved
@@ -165,26 +111,22 @@ def step_peaks(store: SQLStore, run: str, ranks: Sequence[int] | None = None) ->
     """
     ranks_sql, params = _params(run, ranks)
     query = f"""
-WITH {memory_cte(ranks_sql)},
-mem AS (SELECT * FROM mem_events),
-ranked AS (
-  SELECT *, row_number() OVER w_desc AS rn,
-         max(total_reserved) OVER w AS peak_reserved_bytes, min(total_allocated) OVER w AS min_allocated_bytes,
-         count(*) OVER w AS events
-  FROM mem
+WITH ranked AS (
+  -- one row per trace of a rank: the rank's peak is its traces' highest (the earliest on ties)
+  SELECT *, row_number() OVER w_desc AS rn, (sum(events) OVER w)::BIGINT AS rank_events,
+         max(peak_reserved_bytes) OVER w AS rank_reserved, min(min_allocated_bytes) OVER w AS rank_min,
+         bool_or(rebuilt) OVER w AS rank_rebuilt
+  FROM rank_memory_peaks WHERE run = $run AND {ranks_sql}
   WINDOW w AS (PARTITION BY rank, device_type, device, step),
-         w_desc AS (PARTITION BY rank, device_type, device, step ORDER BY total_allocated DESC, ts_ns, mid)
+         w_desc AS (PARTITION BY rank, device_type, device, step ORDER BY peak_allocated_bytes DESC, peak_ts_ns, source)
 ),
-peaks AS MATERIALIZED (
-  SELECT mid AS point_id, run, rank, source, device_type, device_name, accelerator, device, step, events, bytes,
-         total_allocated AS peak_allocated_bytes, ts_ns AS peak_ts_ns, peak_reserved_bytes, min_allocated_bytes,
-         rebuilt
+peaks AS (
+  SELECT run, rank, source, device_type, {name_sql("device_type")} AS device_name,
+         {accelerator_sql("device_type")} AS accelerator, device, step, rank_events AS events, peak_allocated_bytes,
+         peak_ts_ns, rank_reserved AS peak_reserved_bytes, rank_min AS min_allocated_bytes, rank_rebuilt AS rebuilt,
+         phase, ops_at_peak
   FROM ranked WHERE rn = 1
 ),
-peak_points AS (SELECT point_id, source, peak_ts_ns AS ts_ns, bytes, device FROM peaks),
-{_threads_cte('peak_points', 'peak_threads')},
-{_stack_cte('peak_threads', 'peak_stack')},
-{phase_cte('peak_threads', 'peak_phase')},
 cap AS (SELECT source, gpu_memory_bytes FROM sources WHERE run = $run)
 SELECT p.run, p.rank, p.device_type, p.device_name, p.accelerator, p.device, p.step, p.events,
        p.peak_allocated_bytes, p.peak_ts_ns, p.peak_reserved_bytes, p.min_allocated_bytes, p.rebuilt,
@@ -193,7 +135,7 @@ SELECT p.run, p.rank, p.device_type, p.device_name, p.accelerator, p.device, p.s
          AS peak_allocated_pct,
        100.0 * p.peak_reserved_bytes / CASE WHEN p.accelerator THEN c.gpu_memory_bytes END
          AS peak_reserved_pct,
-       ph.phase, s.ops AS ops_at_peak,
+       p.phase, p.ops_at_peak,
        nullif(concat_ws('; ',
          CASE WHEN NOT p.accelerator THEN 'host memory: no device capacity'
               WHEN c.gpu_memory_bytes IS NULL THEN 'the trace records no device memory size (deviceProperties)' END,
@@ -202,8 +144,6 @@ SELECT p.run, p.rank, p.device_type, p.device_name, p.accelerator, p.device, p.s
          AS absent_reason
 FROM peaks p
 LEFT JOIN cap c USING (source)
-LEFT JOIN peak_phase ph USING (point_id)
-LEFT JOIN peak_stack s USING (point_id)
 ORDER BY p.rank, p.device_type, p.device, p.step NULLS LAST
 """
     return store.sql(query, params)
@@ -256,8 +196,8 @@ live AS (
   WHERE a.alloc_ts_ns <= p.peak_ts_ns AND (a.free_ts_ns IS NULL OR a.free_ts_ns > p.peak_ts_ns)
 ),
 picked AS (SELECT mid AS point_id, source, alloc_ts_ns AS ts_ns, bytes, device FROM live WHERE size_rank <= $top),
-{_threads_cte('picked', 'picked_threads')},
-{_stack_cte('picked_threads', 'picked_stack')}
+{threads_cte('picked', 'picked_threads')},
+{stack_cte('picked_threads', 'picked_stack')}
 SELECT l.run, l.rank, l.device_type, l.device, l.peak_ts_ns, l.peak_allocated_bytes, l.size_rank,
        l.bytes, l.addr, l.step, l.alloc_ts_ns, l.free_ts_ns, coalesce(r.role, 'other') AS role,
        r.role_name, s.ops AS allocated_by
@@ -282,8 +222,8 @@ ranked AS (
   FROM allocs
 ),
 picked AS (SELECT mid AS point_id, source, alloc_ts_ns AS ts_ns, bytes, device FROM ranked WHERE size_rank <= $top),
-{_threads_cte('picked', 'picked_threads')},
-{_stack_cte('picked_threads', 'picked_stack')}
+{threads_cte('picked', 'picked_threads')},
+{stack_cte('picked_threads', 'picked_stack')}
 SELECT r.run, r.rank, r.device_type, r.device, r.size_rank, r.bytes, r.addr, r.step, r.alloc_ts_ns,
        r.free_ts_ns, r.free_ts_ns - r.alloc_ts_ns AS lifetime_ns, s.ops AS allocated_by
 FROM ranked r LEFT JOIN picked_stack s ON s.point_id = r.mid

@@ -209,6 +209,20 @@ def _rank_step(breakdown: Breakdown) -> pa.Schema:
 RANK_STEP_GPU = _rank_step(GPU)
 RANK_STEP_HOST = _rank_step(HOST)
 
+RANK_GPU_TOTALS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("scope", _STR, nullable=False),
+        pa.field("gpu_start_ns", pa.int64(), nullable=False),
+        pa.field("gpu_end_ns", pa.int64(), nullable=False),
+        pa.field("gpu_events", pa.int64(), nullable=False),
+        pa.field("gpu_busy_ns", pa.int64(), nullable=False),
+        pa.field("compute_ns", pa.int64(), nullable=False),
+        pa.field("comm_ns", pa.int64(), nullable=False),
+        pa.field("comm_comp_overlap_ns", pa.int64(), nullable=False),
+    ]
+)
+
 RANK_COMM_SPANS = pa.schema(
     [
         pa.field("source", _STR, nullable=False),
@@ -241,9 +255,63 @@ RANK_COLLECTIVES = pa.schema(
         pa.field("pg_ranks", pa.string()),
         pa.field("comm_seq", pa.int64()),
         pa.field("linked", pa.bool_(), nullable=False),
+        pa.field("phase", _STR),
+    ]
+)
+
+RANK_HIDING_SPANS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("s0", pa.int64(), nullable=False),
+        pa.field("s1", pa.int64(), nullable=False),
     ]
 )
 """Each rank's collective events with what each is (``stepscope.store.rankstats.collectives``)."""
+
+RANK_KERNELS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("name", pa.string()),
+        pa.field("kind", _STR),
+        pa.field("category", _STR),
+        pa.field("count", pa.int64(), nullable=False),
+        pa.field("total_ns", pa.int64(), nullable=False),
+        pa.field("max_ns", pa.int64(), nullable=False),
+    ]
+)
+"""Each rank's GPU work by name (``stepscope.store.rankstats.kernels``)."""
+
+RANK_CPU_OPS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("name", pa.string()),
+        pa.field("category", _STR),
+        pa.field("count", pa.int64(), nullable=False),
+        pa.field("total_ns", pa.int64(), nullable=False),
+        pa.field("self_ns", pa.int64(), nullable=False),
+        pa.field("sync_ns", pa.int64(), nullable=False),
+        pa.field("max_ns", pa.int64(), nullable=False),
+    ]
+)
+"""Each rank's CPU operators by name, with self and synchronisation time."""
+
+RANK_MEMORY_PEAKS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("device_type", pa.int64()),
+        pa.field("device", pa.int64()),
+        pa.field("step", pa.int64()),
+        pa.field("events", pa.int64(), nullable=False),
+        pa.field("peak_allocated_bytes", pa.int64()),
+        pa.field("peak_ts_ns", pa.int64()),
+        pa.field("peak_reserved_bytes", pa.int64()),
+        pa.field("min_allocated_bytes", pa.int64()),
+        pa.field("rebuilt", pa.bool_()),
+        pa.field("phase", _STR),
+        pa.field("ops_at_peak", pa.list_(pa.string())),
+    ]
+)
+"""Each rank's memory peak per device and step (``stepscope.store.rankstats.memory``)."""
 
 
 @dataclass(frozen=True)
@@ -269,8 +337,13 @@ TABLES: dict[str, Table] = {
         Table("rank_copies", RANK_COPIES, "one row per copy of a rank, with the time compute hides of it (computed at ingest)"),
         Table("rank_step_gpu", RANK_STEP_GPU, "one row per step of a rank with GPU work: its GPU parts (computed at ingest)"),
         Table("rank_step_host", RANK_STEP_HOST, "one row per step of a rank: its host parts (computed at ingest)"),
+        Table("rank_gpu_totals", RANK_GPU_TOTALS, "whole-trace GPU totals of a rank, as HTA defines them (computed at ingest)"),
         Table("rank_comm_spans", RANK_COMM_SPANS, "where each step's exposed communication lies (computed at ingest)"),
         Table("rank_collectives", RANK_COLLECTIVES, "one row per collective event of a rank, with what it is (computed at ingest)"),
+        Table("rank_hiding_spans", RANK_HIDING_SPANS, "what hides a rank's collectives, as disjoint stretches (computed at ingest)"),
+        Table("rank_kernels", RANK_KERNELS, "one row per GPU activity name of a rank (computed at ingest)"),
+        Table("rank_cpu_ops", RANK_CPU_OPS, "one row per CPU operator name of a rank, with self time (computed at ingest)"),
+        Table("rank_memory_peaks", RANK_MEMORY_PEAKS, "one row per device and step of a rank: its memory peak (computed at ingest)"),
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""

@@ -182,7 +182,7 @@ def has_step_times(store: SQLStore, run: str) -> bool:
 
 def peak_memory_samples(store: SQLStore, run: str) -> tuple[Maybe[list[float]], str | None]:
     """Per-step allocated-memory peaks from :func:`stepscope.analysis.memory.step_peaks`: rows of
-    accelerator memory (CUDA, HIP, ...: :mod:`stepscope.analysis.devices`) when there are any,
+    accelerator memory (CUDA, HIP, ...: :mod:`stepscope.store.rankstats.devices`) when there are any,
     else host rows. Rows outside every step count too (a peak is a peak)."""
     rows = step_peaks(store, run).to_pylist()
     for accelerator, label in ((True, "gpu"), (False, "cpu")):

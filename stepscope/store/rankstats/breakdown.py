@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 from stepscope.store.rankstats.parts import (
     BREAKDOWNS,
+    COMM_EXPOSED,
+    COMPUTE,
     GPU,
     HOST,
     IDLE,
@@ -222,10 +224,23 @@ def iv_ctes(breakdown: Breakdown, rf: str) -> str:
 
 def step_window_ctes(breakdown: Breakdown, rf: str) -> str:
     """CTEs ending in ``win(rank, step, w0, w1, ...)``, the windows a breakdown splits: the GPU's
-    step windows (:func:`window_ctes`, reads ``gpu``), the host's ProfilerStep CPU windows."""
+    step windows (:func:`window_ctes`, reads ``gpu``), the host's ProfilerStep CPU windows. The
+    sweep needs disjoint windows: a ProfilerStep that starts before an earlier one of its rank
+    ended (nested steps, seen in hand-made traces) starts where that one ended, as on the GPU."""
     if breakdown is GPU:
         return window_ctes(rf)
-    return f"win AS MATERIALIZED (SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM steps WHERE run = $run AND {rf})"
+    return f"""
+_host_steps AS (
+    SELECT rank, step, start_ns, end_ns,
+           max(end_ns) OVER (PARTITION BY rank ORDER BY start_ns, step
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+    FROM steps WHERE run = $run AND {rf}
+),
+win AS MATERIALIZED (
+    SELECT rank, step, greatest(start_ns, coalesce(prev_end, start_ns)) AS w0,
+           greatest(end_ns, coalesce(prev_end, start_ns)) AS w1
+    FROM _host_steps
+)"""
 
 
 # ---- the per-rank tables: each step's parts, and where its exposed communication lies ----
@@ -335,3 +350,39 @@ def spans_of(part: Part) -> str:
     """CTE ``_spans_<part>(rank, step, s0, s1)`` over the sweep ``seg`` of a query over events:
     the segments where ``part`` holds (what ``rank_comm_spans`` stores, unmerged)."""
     return f"_spans_{part.name} AS (SELECT rank, step, s0, s1 FROM seg WHERE {exclusive(_breakdown_of(part), part)})"
+
+
+TOTAL_SCOPES = {"all": False, "hta": True}
+"""``rank_gpu_totals.scope`` -> whether only the GPU work HTA's loader keeps counts
+(:data:`HTA_SCOPE`)."""
+
+
+def _gpu_totals(scope: str) -> str:
+    """One row (none without GPU work) of the whole-trace GPU totals of ``scope``."""
+    compute, comm = active(GPU, [COMPUTE]), active(GPU, [COMM_EXPOSED])
+    gpu = f"gpu AS (FROM _rs_{GPU.name}_gpu)" if not TOTAL_SCOPES[scope] else gpu_cte("TRUE", hta_scope=True)
+    return f"""
+    SELECT * FROM (
+        WITH {gpu},
+        win AS (SELECT rank, 0 AS step, min(t0) AS w0, max(t1) AS w1 FROM gpu GROUP BY rank),
+        iv AS (SELECT rank, t0, t1, cls FROM gpu),
+        {sweep_ctes(len(GPU.classes))},
+        _tot AS (
+            SELECT rank,
+                {ns_column("sum(len) FILTER (busy)", "gpu_busy_ns")},
+                {ns_column(f"sum(len) FILTER ({compute})", "compute_ns")},
+                {ns_column(f"sum(len) FILTER ({comm})", "comm_ns")},
+                {ns_column(f"sum(len) FILTER ({compute} AND {comm})", "comm_comp_overlap_ns")}
+            FROM seg GROUP BY rank
+        )
+        SELECT '{scope}' AS scope, w.w0 AS gpu_start_ns, w.w1 AS gpu_end_ns, (SELECT count(*) FROM gpu) AS gpu_events,
+               t.gpu_busy_ns, t.compute_ns, t.comm_ns, t.comm_comp_overlap_ns
+        FROM win w JOIN _tot t USING (rank)
+    )"""
+
+
+def gpu_totals_query() -> str:
+    """``rank_gpu_totals``: the trace's whole-trace GPU figures (HTA's temporal breakdown and
+    communication/compute overlap), once over all its GPU work and once over what HTA keeps."""
+    selects = " UNION ALL ".join(_gpu_totals(scope) for scope in TOTAL_SCOPES)
+    return f"SELECT (SELECT source FROM events LIMIT 1) AS source, * FROM ({selects}) ORDER BY scope"

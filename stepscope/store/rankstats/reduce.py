@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepscope.store.rankstats.breakdown import PREPARE, comm_spans_query, rank_step_query
-from stepscope.store.rankstats.collectives import RANK_COLLECTIVES
+from stepscope.store.rankstats.breakdown import PREPARE, comm_spans_query, gpu_totals_query, rank_step_query
+from stepscope.store.rankstats.collectives import RANK_COLLECTIVES, RANK_HIDING_SPANS
 from stepscope.store.rankstats.copies import RANK_COPIES
+from stepscope.store.rankstats.kernels import RANK_CPU_OPS, RANK_KERNELS
+from stepscope.store.rankstats.memory import RANK_MEMORY_PEAKS
 from stepscope.store.rankstats.parts import GPU, HOST
 
 
@@ -32,7 +34,12 @@ TABLES: tuple[RankTable, ...] = (
     RankTable("rank_step_gpu", rank_step_query(GPU)),
     RankTable("rank_step_host", rank_step_query(HOST)),
     RankTable("rank_comm_spans", comm_spans_query()),
+    RankTable("rank_gpu_totals", gpu_totals_query()),
     RankTable("rank_collectives", RANK_COLLECTIVES),
+    RankTable("rank_hiding_spans", RANK_HIDING_SPANS),
+    RankTable("rank_kernels", RANK_KERNELS),
+    RankTable("rank_cpu_ops", RANK_CPU_OPS),
+    RankTable("rank_memory_peaks", RANK_MEMORY_PEAKS),
 )
 """Every per-rank table, in the order they are written."""
 
