@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.errors import UsageError
-from stepscope.store.atomic import temporary_path, write_text_atomic
+from stepscope.store.atomic import move_file, temporary_path, write_text_atomic
 
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*)://", re.IGNORECASE)
 _PART = re.compile(r"^(?P<table>[a-z_]+)/run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/part-(?P<source>[^/.]+)\.parquet$")
@@ -159,7 +159,7 @@ class RemoteStoreFiles:
             try:
                 self.fs.get([f"{self.base}/{key}" for key in fetch], [str(temporary[key]) for key in fetch])
                 for key, path in temporary.items():
-                    os.replace(path, local / key)
+                    move_file(path, local / key)
             finally:
                 for path in temporary.values():
                     path.unlink(missing_ok=True)
