@@ -1,11 +1,17 @@
 """Make bigger inputs out of one real trace, for the benchmarks.
 
-- ``scale_rank``: a many-rank run out of one real rank: copies of its store partitions with
-  shifted clocks (bench_analysis.py's scaled case). Each copy k of the source rank becomes rank
-  k with every timestamp shifted by ``k * shift_ns`` and its own source id, so the copies are
-  distinct traces to every query (no shared rows, staggered collectives) while keeping the real
-  trace's structure. It copies the store's Parquet files (no re-ingest), which keeps the
-  benchmark's setup short.
+- ``scale_ranks``: a many-rank run (1,024 ranks) out of real ranks: copies of their store
+  partitions with shifted clocks (bench_analysis.py's scaled cases, bench_dashboard.py). Rank k
+  is a copy of real rank ``ranks[k % len(ranks)]`` with every timestamp shifted by
+  ``k * shift_ns`` plus a jitter of its own (uniform in ``[0, jitter_ns)``, seeded) and its own
+  source id: the copies are distinct traces to every query (no shared rows), their collectives
+  match across ranks by sequence number, and, the jitter staying under the analysis's
+  clock-correction threshold (1 ms), each rank arrives at each collective at its own time, so
+  arrival skew, waits and late ranks are real figures rather than zeros. Every table of the rank
+  is copied, the per-rank tables (``rank_*``) included, ``sources`` last (it commits the rest); a
+  pure shift keeps every table consistent with the others (each step's parts still sum to the
+  step). It copies the store's Parquet files (no re-ingest), which keeps the setup short.
+  ``scale_rank``: the same from one rank, without jitter.
 - ``repeat_trace``: one trace file whose events are the original's repeated, each copy shifted by
   the trace's span (bench_ingest.py's flat-memory case).
 - ``rank_files``: copies of a trace file as ranks 0..n-1 of one job (distinct contents, so none
@@ -16,58 +22,73 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from stepscope.store import rankstats
+from stepscope.store import schema
 from stepscope.store.writer import part_path, write_partition
 
-TIME_COLUMNS = {
-    "events": ("ts_ns",),
-    "steps": ("start_ns", "end_ns"),
-    "memory": ("ts_ns",),
-    "step_times": ("start_ns",),
-    "sources": ("trace_start_ns", "trace_end_ns"),
-    "rank_copies": ("ts_ns",),
-    "rank_step_gpu": ("start_ns", "end_ns", "cpu_start_ns"),
-    "rank_step_host": ("start_ns", "end_ns"),
-    "rank_comm_spans": ("s0", "s1"),
-    "rank_collectives": ("ts_ns", "end_ns"),
-    "rank_gpu_totals": ("gpu_start_ns", "gpu_end_ns"),
-    "rank_hiding_spans": ("s0", "s1"),
-    "rank_memory_peaks": ("peak_ts_ns",),
-}
-TABLES = ("events", "steps", "memory", "step_times", "memory_roles", *(t.name for t in rankstats.TABLES),
-          "sources")  # sources last: it commits
+TIMESTAMP_COLUMNS = frozenset({"ts_ns", "start_ns", "end_ns", "cpu_start_ns", "trace_start_ns", "trace_end_ns",
+                               "gpu_start_ns", "gpu_end_ns", "peak_ts_ns", "s0", "s1"})
+"""Columns holding points in time (shifted); every other ``*_ns`` column is a duration (kept)."""
+COMMIT_TABLE = "sources"
+
+
+def _tables() -> list[str]:
+    return [t for t in schema.TABLES if t != COMMIT_TABLE] + [COMMIT_TABLE]
+
+
+def _read_rank(src_root: Path, run: str, rank: int) -> dict[str, pa.Table]:
+    found = {}
+    for table in _tables():
+        files = sorted((src_root / table / f"run={run}" / f"rank={rank}").glob("*.parquet"))
+        if files:
+            found[table] = pa.concat_tables([pq.read_table(f) for f in files])
+    return found
+
+
+def _shifted(data: pa.Table, table: str, source: str, dst_run: str, shift_ns: int) -> pa.Table:
+    for column in data.column_names:
+        if column in TIMESTAMP_COLUMNS:
+            shifted = pc.add(data.column(column), pa.scalar(shift_ns, pa.int64()))
+            data = data.set_column(data.schema.get_field_index(column), column, shifted)
+    ids = pa.array([source] * data.num_rows, pa.string())
+    data = data.set_column(data.schema.get_field_index("source"), "source", ids)
+    if table == COMMIT_TABLE:
+        data = data.set_column(data.schema.get_field_index("sha256"), "sha256",
+                               pa.array([hashlib.sha256(source.encode()).hexdigest()] * data.num_rows))
+        data = data.set_column(data.schema.get_field_index("run_name"), "run_name",
+                               pa.array([dst_run] * data.num_rows))
+    return data
+
+
+def scale_ranks(src_root: Path, run: str, ranks: Sequence[int], dst_root: Path, dst_run: str, copies: int,
+                shift_ns: int = 7_000, jitter_ns: int = 0, seed: int = 0) -> None:
+    """Write ``copies`` ranks of ``dst_run`` into ``dst_root``: rank k a copy of real rank
+    ``ranks[k % len(ranks)]`` of ``run`` shifted by ``k * shift_ns`` plus its jitter."""
+    sources = {rank: _read_rank(src_root, run, rank) for rank in ranks}
+    rng = random.Random(seed)
+    jitters = [rng.randrange(jitter_ns) if jitter_ns > 0 else 0 for _ in range(copies)]
+    for table in _tables():
+        for k in range(copies):
+            data = sources[ranks[k % len(ranks)]].get(table)
+            if data is None:
+                continue
+            source = hashlib.sha256(f"{dst_run}/{k}".encode()).hexdigest()[:16]
+            write_partition(dst_root, table, dst_run, k, source,
+                            _shifted(data, table, source, dst_run, k * shift_ns + jitters[k]))
+            assert part_path(dst_root, table, dst_run, k, source).exists()
 
 
 def scale_rank(src_root: Path, run: str, rank: int, dst_root: Path, dst_run: str, copies: int,
                shift_ns: int = 7_000) -> None:
     """Write ``copies`` ranks of ``dst_run`` into ``dst_root``, each a shifted copy of ``rank``."""
-    for table in TABLES:
-        folder = src_root / table / f"run={run}" / f"rank={rank}"
-        files = sorted(folder.glob("*.parquet"))
-        if not files:
-            continue
-        data = pa.concat_tables([pq.read_table(f) for f in files])
-        for k in range(copies):
-            source = hashlib.sha256(f"{dst_run}/{k}".encode()).hexdigest()[:16]
-            copy = data
-            for column in TIME_COLUMNS.get(table, ()):
-                shifted = pc.add(copy.column(column), pa.scalar(k * shift_ns, pa.int64()))
-                copy = copy.set_column(copy.schema.get_field_index(column), column, shifted)
-            ids = pa.array([source] * copy.num_rows, pa.string())
-            copy = copy.set_column(copy.schema.get_field_index("source"), "source", ids)
-            if table == "sources":
-                copy = copy.set_column(copy.schema.get_field_index("sha256"), "sha256",
-                                       pa.array([hashlib.sha256(source.encode()).hexdigest()], pa.string()))
-                copy = copy.set_column(copy.schema.get_field_index("run_name"), "run_name", pa.array([dst_run]))
-            write_partition(dst_root, table, dst_run, k, source, copy)
-            assert part_path(dst_root, table, dst_run, k, source).exists()
+    scale_ranks(src_root, run, [rank], dst_root, dst_run, copies, shift_ns)
 
 
 def _load(path: Path) -> dict[str, Any]:

@@ -22,6 +22,15 @@ CPU time, because on a shared machine wall times swing with other people's load.
    events). Timed: ``stepscope summary --format json`` cold (cache off) and warm (answered from
    the per-run cache that a previous summary wrote).
 
+4. **1,024 ranks** (issue 16): runs of 1, 64 and 1,024 ranks built from the two real ranks of
+   ``hta/trace_filter/sampled_rank-0``/``-1`` (a 128-rank NCCL job; 4.8k events each) by
+   ``_scale.scale_ranks``: rank k a copy of real rank k % 2 shifted by k x 7 us plus a per-rank
+   jitter under 0.8 ms, so arrivals at each collective differ (skew, waits and late ranks are
+   real figures). Printed: the cold ``stepscope summary`` on 1,024 ranks against 64 (target
+   <= 16x, linear or better), its peak RSS (target < 2 GB), and the dashboard Overview's first
+   open (AppTest, both caches empty, its own process) on 1,024 ranks against the 1-rank run
+   (target <= 5x). ``--scale-only`` runs only this part.
+
 Every ratio is printed beside its target, and again in one summary at the end.
 """
 
@@ -50,7 +59,13 @@ from _measure import (  # noqa: E402
 TRACE = "hta/df_index_resolver/df_index_resolver.json.gz"
 RANK = 1
 SCALED_RANKS = 64
+SCALE_TRACES = ("hta/trace_filter/sampled_rank-0.json.gz", "hta/trace_filter/sampled_rank-1.json.gz")
+SCALE_RUNS = {"x1": 1, "x64": 64, "x1024": 1024}
+SCALE_JITTER_NS = 800_000
+"""Per-rank jitter of the 1,024-rank run: under the 1 ms the analysis needs before it corrects a
+clock, so the offsets show as arrival skew and waits."""
 REPO = Path(__file__).resolve().parent.parent
+APP = REPO / "stepscope" / "dashboard" / "app.py"
 
 
 def _repeat(n: int, measure) -> Measurement:
@@ -75,10 +90,20 @@ def main() -> int:
     parser.add_argument("--traces", help="shared traces folder (default ../shared/traces)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-scaled", action="store_true")
+    parser.add_argument("--scale-only", action="store_true", help="only part 4 (1,024 ranks)")
     args = parser.parse_args()
     traces = shared_traces_dir(args.traces)
     if traces is None:
         print("no shared traces folder: nothing to measure")
+        return 0
+    if args.scale_only:
+        work = Path(tempfile.mkdtemp(prefix="stepscope-bench-scale-"))
+        try:
+            lines = scale_section(traces, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print(f"\n== every ratio beside its target (load average at the end: {os.getloadavg()[0]:.2f}) ==")
+        print("\n".join(lines))
         return 0
     trace = traces / TRACE
     from tests.hta_runner import find_hta_python
@@ -196,11 +221,67 @@ def main() -> int:
                 lines = [f"64 ranks, cold: {cold.wall_s:.2f} s (no HTA to compare with)"]
             print("\n".join(lines))
             summary += lines
+            summary += scale_section(traces, work)
         print(f"\n== every ratio beside its target (load average at the end: {os.getloadavg()[0]:.2f}) ==")
         print("\n".join(summary))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _overview_first_open(store: Path, run: str) -> Measurement:
+    """The dashboard's Overview opened on ``run`` in a fresh process with both caches empty (the
+    analysis layer's ``<store>/cache/`` removed, ``st.cache_data`` new): the first open ever."""
+    shutil.rmtree(store / "cache", ignore_errors=True)
+    setup = ("import sys\nfrom streamlit.testing.v1 import AppTest\n"
+             f"sys.argv = ['app.py', '--store', {str(store)!r}]\n"
+             f"at = AppTest.from_file({str(APP)!r}, default_timeout=1800)\n"
+             f"at.query_params['run'] = {run!r}\nat.switch_page('views/overview.py')\n")
+    work = "at.run()\nassert not at.exception, at.exception\nRESULT = len(at.markdown)"
+    return run_snippet(setup, work, label=f"dashboard Overview, first open: {run}", env=_env(), timeout_s=3600)
+
+
+def scale_section(traces: Path, work: Path) -> list[str]:
+    """Part 4: cold summary on 1,024 vs 64 ranks, its memory, the Overview on 1,024 vs 1 rank."""
+    import time
+
+    from _scale import scale_ranks
+
+    from stepscope.store.ingest import ingest_paths
+
+    src = work / "scale-src"
+    report = ingest_paths([traces / t for t in SCALE_TRACES], src, "src")
+    assert report.ok, report.errors
+    ranks = sorted(t.rank for t in report.stored)
+    stores = {}
+    for run, copies in SCALE_RUNS.items():
+        started = time.perf_counter()
+        stores[run] = work / f"scale-{run}"
+        scale_ranks(src, "src", ranks, stores[run], run, copies, jitter_ns=SCALE_JITTER_NS if copies > 1 else 0)
+        print(f"built {run}: {copies} rank(s) from real ranks {ranks} in {time.perf_counter() - started:.1f} s",
+              flush=True)
+    cold = {}
+    for run in ("x64", "x1024"):
+        argv = [sys.executable, "-m", "stepscope.cli", "summary", "--store", str(stores[run]), "--format", "json"]
+        cold[run] = run_process(argv, label=f"{run}: stepscope summary, cold (cache off)",
+                                env=_env(STEPSCOPE_NO_CACHE="1"), timeout_s=3600)
+    first_open = {run: _overview_first_open(stores[run], run) for run in ("x1", "x1024")}
+    print(f"\n4. 1,024 ranks: copies of the real ranks of {SCALE_TRACES[0].rsplit('/', 1)[0]} "
+          f"(k x 7 us + jitter < {SCALE_JITTER_NS / 1e6:g} ms)")
+    print(format_table(["what", "wall s", "cpu s", "peak MB"],
+                       [_row(cold["x64"], cold["x64"].wall_s), _row(cold["x1024"], cold["x1024"].wall_s),
+                        _row(first_open["x1"]), _row(first_open["x1024"])]))
+    c64, c1024 = cold["x64"], cold["x1024"]
+    return [
+        verdict("1,024 vs 64 ranks, cold summary, wall", c1024.wall_s / c64.wall_s, 16, at_least=False),
+        verdict("1,024 vs 64 ranks, cold summary, cpu", (c1024.cpu_s or 0) / max(c64.cpu_s or 0, 1e-3), 16,
+                at_least=False),
+        verdict("1,024 ranks, cold summary, peak RSS", c1024.peak_rss_bytes / 2**30, 2, at_least=False, unit=" GB"),
+        verdict("dashboard Overview first open, 1,024 vs 1 rank, wall",
+                first_open["x1024"].work_s / first_open["x1"].work_s, 5, at_least=False),
+        verdict("dashboard Overview first open, 1,024 vs 1 rank, cpu",
+                first_open["x1024"].work_cpu_s / max(first_open["x1"].work_cpu_s, 1e-3), 5, at_least=False),
+    ]
 
 
 if __name__ == "__main__":

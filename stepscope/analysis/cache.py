@@ -82,14 +82,21 @@ def rewritten_parts(root: Path, run: str) -> list[tuple[str, int, int]]:
     return sorted(found)
 
 
+def _cache_root(store: Any) -> Path | None:
+    """Where ``store``'s frames are cached: its ``cache_root`` (a local folder, also for a store
+    on object storage), else its ``root``; None (no cache) for an object without either."""
+    root = getattr(store, "cache_root", None) or getattr(store, "root", None)
+    return None if root is None else Path(root)
+
+
 def run_key(store: Any, run: str, args: str) -> str:
     """Hash of the run's sources and rewritten parts, the schema version, the frame's arguments
     and the code."""
     rows = store.sql(
         "SELECT rank, source, sha256 FROM sources WHERE run = $run ORDER BY rank, source", {"run": run}
     ).to_pylist()
-    root = getattr(store, "root", None)
-    parts = rewritten_parts(Path(root), run) if root is not None else []
+    parts_root = getattr(store, "parts_root", None)
+    parts = rewritten_parts(parts_root, run) if parts_root is not None else []
     text = repr((rows, parts, SCHEMA_VERSION, args, CODE_HASH))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
@@ -97,7 +104,7 @@ def run_key(store: Any, run: str, args: str) -> str:
 def cached_json(store: Any, name: str, run: str, args: object, compute: Callable[[], Any]) -> Any:
     """Cache a JSON document derived from the whole analysis package (e.g. the summary), keyed
     like the frames."""
-    root = getattr(store, "root", None)
+    root = _cache_root(store)
     if root is None or os.environ.get(CACHE_ENV) == "1":
         return compute()
     key = run_key(store, run, repr(args))
@@ -164,7 +171,7 @@ def cached_frame(frame: str) -> Callable[[F], F]:
             bound = signature.bind(store, run, *args, **kwargs)
             bound.apply_defaults()
             options = {k: v for k, v in bound.arguments.items() if k not in ("store", "run")}
-            root = getattr(store, "root", None)
+            root = _cache_root(store)
             if options.get("ranks") is not None or root is None or os.environ.get(CACHE_ENV) == "1":
                 return func(store, run, *args, **kwargs)
             key = run_key(store, run, repr(sorted(options.items())))

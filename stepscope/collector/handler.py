@@ -27,6 +27,7 @@ from stepscope.collector.metadata import run_metadata
 from stepscope.collector.sink import CONVERT_MODES, StoreSink
 from stepscope.collector.worker import DEFAULT_FLUSH_TIMEOUT_S, BackgroundWriter
 from stepscope.errors import UsageError
+from stepscope.store.location import store_location
 
 
 class TraceHandler:
@@ -48,10 +49,10 @@ class TraceHandler:
     ) -> None:
         if convert not in CONVERT_MODES:
             raise UsageError(f"convert must be one of {', '.join(CONVERT_MODES)}, not {convert!r}")
-        self.policy = FaultPolicy(strict, store=Path(store))
+        self._store = store_location(store) if isinstance(store, str) else Path(store)
+        self.policy = FaultPolicy(strict, store=self._store)
         self.writer = BackgroundWriter(self.policy)
         self.flush_timeout_s = flush_timeout_s
-        self._store = Path(store)
         self._run = run
         self._tags = dict(tags) if tags else None
         self._trace_dir = Path(trace_dir) if trace_dir is not None else None

@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ import pyarrow as pa
 
 from stepscope.collector import convert_job, exports
 from stepscope.store.writer import run_id, write_partition
+from stepscope.store.location import is_url
 
 CONVERT_MODES = ("process", "thread")
 
@@ -39,7 +41,7 @@ class StoreSink:
     shows up as what it is; see ``exports``) and removed once ingested.
     """
 
-    store: Path
+    store: Path | str
     run_name: str
     rank: int
     rank_from: str
@@ -69,13 +71,18 @@ class StoreSink:
         if self.trace_dir is not None:
             self.trace_dir.mkdir(parents=True, exist_ok=True)
             return self._convert(export, self.trace_dir / self.trace_name(cycle))
-        with exports.export_folder(self.store) as tmp:
+        with exports.export_folder(self._exports_in()) as tmp:
             return self._convert(export, tmp / self.trace_name(cycle))
+
+    def _exports_in(self) -> Path:
+        """Where traces are exported before their conversion: the store's folder, or this
+        machine's temporary folder for a store on object storage (``s3://...``)."""
+        return Path(tempfile.gettempdir()) if is_url(self.store) else Path(self.store)
 
     def start(self) -> None:
         """Before the first trace: remove export folders that dead processes left in the store,
         and have SIGTERM remove this process's own."""
-        exports.remove_stale(self.store)
+        exports.remove_stale(self._exports_in())
         exports.clean_up_on_sigterm()
 
     def store_table(self, table: str, source: str, data: pa.Table) -> Path:

@@ -54,7 +54,7 @@ def resolve(spec: str, store: Path | None, stack: contextlib.ExitStack) -> RunRe
     if store is not None:
         from stepscope.store.baselines import load_baselines
 
-        known = ", ".join(sorted(load_baselines(store))) if (store / "baselines.json").is_file() else ""
+        known = ", ".join(sorted(load_baselines(store)))
         raise NotFound(f"{spec}: not a baseline name or run in store {store} (baselines: {known or 'none'}), "
                        "nor a store or trace folder")
     raise NotFound(f"{spec}: not a baseline name or run (no --store given), nor a store or trace folder")

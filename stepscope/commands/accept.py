@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from stepscope.store.location import store_location
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("candidate", help="run id in the store whose change is accepted")
     parser.add_argument("--reason", required=True, help="why the change is intended (kept with the run)")
-    parser.add_argument("--store", required=True, type=Path, help="store folder")
+    parser.add_argument("--store", required=True, type=store_location, help="store folder or URL (s3://bucket/prefix)")
     parser.add_argument("--baseline", default="main", metavar="NAME",
                         help="baseline name that now points to CANDIDATE (default: main)")
 

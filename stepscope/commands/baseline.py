@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from stepscope.store.location import store_location
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -12,10 +13,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     set_parser = actions.add_parser("set", help="name RUN as baseline NAME (a branch or tag)")
     set_parser.add_argument("name", help="baseline name, e.g. main or release/2.1")
     set_parser.add_argument("run", help="run id in the store")
-    set_parser.add_argument("--store", required=True, type=Path, help="store folder")
+    set_parser.add_argument("--store", required=True, type=store_location, help="store folder or URL (s3://bucket/prefix)")
     set_parser.add_argument("--reason", help="why this run (kept in the history)")
     list_parser = actions.add_parser("list", help="show the baselines and their runs")
-    list_parser.add_argument("--store", required=True, type=Path, help="store folder")
+    list_parser.add_argument("--store", required=True, type=store_location, help="store folder or URL (s3://bucket/prefix)")
 
 
 def _known_run(store: Path, run: str) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+from stepscope.store.location import store_location
 
 if TYPE_CHECKING:
     from stepscope.analysis.compare import Budget, Comparison, Verdict
@@ -27,7 +28,7 @@ MISSING_BASELINE_CHOICES = ("pass", "fail", "inconclusive")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("baseline", help="baseline name, run id, store folder (DIR or DIR::RUN) or trace folder")
     parser.add_argument("candidate", help="run id, store folder or trace folder to judge")
-    parser.add_argument("--store", type=Path, help="store holding the runs and baselines.json")
+    parser.add_argument("--store", type=store_location, help="store (folder or URL) holding the runs and baselines.json")
     parser.add_argument("--fail-on", action="append", default=[], metavar="METRIC:+N%",
                         help="budget, e.g. step_time:+5%%, peak_memory:+10%%, comm_exposed:+2ms, busbw:-10%% "
                              "(repeatable; overrides the config file and the defaults per metric)")

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 
 from stepscope.errors import UsageError
+from stepscope.store.location import is_url, store_files, store_location
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 DEFAULT_PORT = 8501
@@ -30,7 +31,7 @@ STOP_GRACE_S = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", type=Path, required=True, help="store folder")
+    parser.add_argument("--store", type=store_location, required=True, help="store folder or URL (s3://bucket/prefix)")
     add_server_arguments(parser)
 
 
@@ -41,14 +42,19 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 shares it)")
 
 
-def command(store: Path, host: str, port: int) -> list[str]:
+def _shown(store: Path | str) -> str:
+    """The store as the app is given it: a URL as it is, a folder made absolute."""
+    return store if is_url(store) else str(Path(store).resolve())
+
+
+def command(store: Path | str, host: str, port: int) -> list[str]:
     """The ``streamlit run`` command line for ``store``."""
     return [
         sys.executable, "-m", "streamlit", "run", str(APP),
         "--server.address", host, "--server.port", str(port), "--server.headless", "true",
         "--browser.gatherUsageStats", "false", "--server.runOnSave", "false",
         "--runner.magicEnabled", "false", "--client.toolbarMode", "minimal",
-        "--", "--store", str(store.resolve()),
+        "--", "--store", _shown(store),
     ]
 
 
@@ -95,7 +101,7 @@ def supervise(process: subprocess.Popen[bytes]) -> int:
     return 128 - code if code < 0 else code
 
 
-def serve(store: Path, host: str, port: int) -> int:
+def serve(store: Path | str, host: str, port: int) -> int:
     """Start the server and wait for it; SIGTERM, SIGINT (Ctrl-C) and SIGHUP stop it."""
     try:
         import streamlit  # noqa: F401  (only to say clearly when the extra is missing)
@@ -103,12 +109,12 @@ def serve(store: Path, host: str, port: int) -> int:
         raise UsageError("the dashboard needs streamlit and altair: pip install 'stepscope[dashboard]'") from exc
     if not 0 < port < 65536:
         raise UsageError(f"--port {port}: not a port number")
-    print(f"stepscope dashboard on {store.resolve()}: {url(host, port)}  (Ctrl-C stops it)", flush=True)
+    print(f"stepscope dashboard on {_shown(store)}: {url(host, port)}  (Ctrl-C stops it)", flush=True)
     linux = sys.platform.startswith("linux")
     return supervise(subprocess.Popen(command(store, host, port), preexec_fn=_die_with_parent if linux else None))
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.store.is_dir():
+    if not store_files(args.store).exists():
         raise UsageError(f"{args.store}: no such store (run `stepscope ingest ... --store {args.store}` first)")
     return serve(args.store, args.host, args.port)

@@ -1,4 +1,5 @@
-"""``stepscope ingest PATH... --store DIR [--run NAME] [--jobs N] [--on-conflict session|refuse]``:
+"""``stepscope ingest PATH... --store DIR|URL [--run NAME] [--jobs N] [--on-conflict session|refuse]
+[--engine local|ray [--ray-address ADDR]]``:
 files given together are one run's ranks."""
 
 from __future__ import annotations
@@ -8,11 +9,12 @@ import sys
 from pathlib import Path
 
 from stepscope.errors import TraceFormatError
+from stepscope.store.location import store_location
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH", help="trace files or folders holding them")
-    parser.add_argument("--store", required=True, type=Path, help="store folder (created if missing)")
+    parser.add_argument("--store", required=True, type=store_location, help="store folder (created if missing) or URL (s3://bucket/prefix)")
     parser.add_argument("--run", help="run name (default: the folder that holds the files)")
     parser.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="tag the run")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
@@ -24,6 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-limit", metavar="SIZE",
                         help="DuckDB memory per conversion, e.g. 512MB (default: "
                              "$STEPSCOPE_INGEST_MEMORY_LIMIT or 512MB); a bigger trace spills to disk")
+    parser.add_argument("--engine", choices=("local", "ray"), default="local",
+                        help="convert in worker processes of this machine (local, the default) or in one "
+                             "Ray task per file (ray: pip install 'stepscope[ray]')")
+    parser.add_argument("--ray-address", metavar="ADDR",
+                        help="with --engine ray: the cluster to join (ray.init(address=ADDR): auto, "
+                             "ray://head:10001); default: a local cluster for this batch")
     parser.add_argument("--quiet", action="store_true", help="print only errors")
 
 
@@ -55,12 +63,14 @@ def run(args: argparse.Namespace) -> int:
 
             bar = tqdm(total=len(files), unit="file", desc="ingest", file=sys.stderr)
 
+    def converted(_file: Path) -> None:  # the bar follows conversions (Ray tasks as they end)
+        if bar is not None:
+            bar.update(1)
+
     def done(outcome: IngestedTrace | str) -> None:
         if isinstance(outcome, str):
             (bar.write if bar is not None else print)(outcome, file=sys.stderr)
             return
-        if bar is not None:
-            bar.update(1)
         write = bar.write if bar is not None else print
         if not args.quiet:
             verb = (f"same trace as {outcome.same_as}, already stored, skipped" if outcome.same_as
@@ -72,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
     report = ingest_paths(args.paths, args.store, args.run, tags=_tags(args.tag),
                           jobs=args.jobs, on_conflict=args.on_conflict,
-                          memory_limit=args.memory_limit, on_selected=selected, on_done=done)
+                          memory_limit=args.memory_limit, engine=args.engine, ray_address=args.ray_address,
+                          on_selected=selected, on_converted=converted, on_done=done)
     if bar is not None:
         bar.close()
     if not args.quiet:

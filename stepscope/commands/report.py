@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from stepscope.store.location import store_location
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run id, store folder (DIR or DIR::RUN) or trace folder")
-    parser.add_argument("--store", type=Path, help="store folder")
+    parser.add_argument("--store", type=store_location, help="store folder or URL (s3://bucket/prefix)")
     parser.add_argument("--out", type=Path, required=True, help="HTML file to write")
     parser.add_argument("--baseline", help="baseline name or run to compare with")
     parser.add_argument("--fail-on", action="append", default=[], metavar="METRIC:+N%", help="budget (as compare)")
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.store import open_store
 
     with resolved([args.run], args.store) as (ref,), open_store(ref.store) as store:
-        bundle = _javascript(ref.store)
+        bundle = _javascript(store.cache_root)
         summary = build_summary(store, ref.run)
         breakdown = step_breakdown(store, ref.run)
         overview = [run_line(run_facts(store, ref.run).to_json())]
@@ -66,14 +67,15 @@ BUNDLE_CACHE = "report-js"
 """Folder under ``<store>/cache/`` that keeps the charts' JavaScript per vl-convert version."""
 
 
-def _javascript(store: Path) -> str:
-    """The charts' JavaScript (vega, vega-lite, vega-embed), kept in the store's cache: building
+def _javascript(cache_root: Path) -> str:
+    """The charts' JavaScript (vega, vega-lite, vega-embed), kept in the store's cache
+    (``Store.cache_root``: this machine's folder for a store on object storage): building
     it takes vl-convert seconds, and a CI store sees a report per job. A store that cannot be
     written just means it is built each time."""
     from stepscope.render import html_report
     from stepscope.store.atomic import write_text_atomic
 
-    path = store / "cache" / BUNDLE_CACHE / f"{html_report.bundle_key()}.js"
+    path = cache_root / "cache" / BUNDLE_CACHE / f"{html_report.bundle_key()}.js"
     if path.is_file():
         return path.read_text(encoding="utf-8")
     bundle = html_report.javascript_bundle()

@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 
 from stepscope.commands._output import FORMATS, render
+from stepscope.store.location import store_location
 
 RUNS_QUERY = """
 WITH win AS (
@@ -33,7 +34,7 @@ ORDER BY r.created_at, r.run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", required=True, type=Path, help="store folder")
+    parser.add_argument("--store", required=True, type=store_location, help="store folder or URL (s3://bucket/prefix)")
     parser.add_argument("--format", choices=FORMATS, default="table")
 
 

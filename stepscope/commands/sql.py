@@ -13,13 +13,14 @@ import sys
 from pathlib import Path
 
 from stepscope.commands._output import FORMATS, render
+from stepscope.store.location import store_location
 
 DEFAULT_TIMEOUT_S = 60.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("query", help="one SELECT statement over runs, sources, events, steps, memory, ...")
-    parser.add_argument("--store", required=True, type=Path, help="store folder")
+    parser.add_argument("--store", required=True, type=store_location, help="store folder or URL (s3://bucket/prefix)")
     parser.add_argument("--format", choices=FORMATS, default="table")
     parser.add_argument("--max-rows", type=int, default=None, help="stop after this many rows")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",

@@ -16,6 +16,7 @@ from stepscope.commands._section_blocks import SECTION_BLOCKS, ns_cell
 from stepscope.errors import UsageError
 from stepscope.render.table import Column, Table, terminal_width, to_markdown, to_terminal
 from stepscope.render.units import duration, format_value, percent
+from stepscope.store.location import store_location
 
 if TYPE_CHECKING:
     from stepscope.store.rankstats.parts import Breakdown
@@ -27,7 +28,7 @@ Block = tuple[str, list[str], list[list[str]]]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", required=True, type=Path, help="store folder")
+    parser.add_argument("--store", required=True, type=store_location, help="store folder or URL (s3://bucket/prefix)")
     parser.add_argument("--run", help="run name or id (default: the store's only run)")
     parser.add_argument("--rank", type=int, action="append", metavar="R",
                         help="only this rank (repeat for several)")

@@ -29,6 +29,7 @@ import streamlit as st
 from stepscope.analysis.absent import Absent
 from stepscope.analysis.compare.comparison import compare_runs
 from stepscope.store.catalog import Store
+from stepscope.store.location import is_url, store_files
 
 Analysis = Callable[..., Any]
 """An analysis function ``f(store, run, **kwargs)`` of :mod:`stepscope.analysis`."""
@@ -105,18 +106,18 @@ def open_checked(root: str | None) -> tuple[str, Any]:
 
     if not root:
         raise StoreProblem("No store given: start the dashboard with `stepscope dashboard --store DIR`.")
-    path = Path(root)
-    if not path.is_dir():
+    shown = root if is_url(root) else str(Path(root).resolve())
+    if not store_files(shown).exists():
         raise StoreProblem(f"{root}: no such store. Ingest traces first: "
                            f"`stepscope ingest TRACES --store {root} --run NAME`.")
     try:
-        runs = runs_table(str(path.resolve()))
+        runs = runs_table(shown)
     except StepscopeError as exc:
         raise StoreProblem(str(exc)) from exc
     if runs.empty:
         raise StoreProblem(f"{root}: the store holds no runs yet. Ingest traces first: "
                            f"`stepscope ingest TRACES --store {root} --run NAME`.")
-    return str(path.resolve()), runs
+    return shown, runs
 
 
 def qualified_name(func: Analysis) -> str:

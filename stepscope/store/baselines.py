@@ -17,6 +17,7 @@ from typing import Any
 
 from stepscope.errors import StoreError, UsageError
 from stepscope.store.atomic import write_text_atomic
+from stepscope.store.location import is_url
 
 BASELINES_FILE = "baselines.json"
 ACCEPTANCES_DIR = "acceptances"
@@ -40,12 +41,31 @@ def _read(path: Path) -> Any:
         raise StoreError(f"{path}: not valid JSON ({exc})") from exc
 
 
+def _remote_records(url: str) -> Any:
+    """``baselines.json`` of a store on object storage, or None when it has none."""
+    from stepscope.store.objectstore import RemoteStore
+
+    text = RemoteStore(url).read_text(BASELINES_FILE)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StoreError(f"{url}/{BASELINES_FILE}: not valid JSON ({exc})") from exc
+
+
 def load_baselines(store: Path | str) -> dict[str, dict[str, Any]]:
     """Name -> ``{"run", "set_at", "reason", "history"}``; empty when none was ever set."""
-    path = Path(store) / BASELINES_FILE
-    if not path.exists():
-        return {}
-    data = _read(path)
+    if is_url(store):
+        data = _remote_records(str(store))
+        if data is None:
+            return {}
+        path: Path | str = f"{store}/{BASELINES_FILE}"
+    else:
+        path = Path(store) / BASELINES_FILE
+        if not path.exists():
+            return {}
+        data = _read(path)
     if not isinstance(data, dict) or not isinstance(data.get("baselines"), dict):
         raise StoreError(f"{path}: expected an object with a 'baselines' object")
     return data["baselines"]
@@ -62,7 +82,13 @@ def set_baseline(store: Path | str, name: str, run: str, *, reason: str | None =
         history.append({k: previous.get(k) for k in ("run", "set_at", "reason")})
     entry = {"run": run, "set_at": _now(), "reason": reason, "history": history}
     baselines[name] = entry
-    write_json_atomic(Path(store) / BASELINES_FILE, {"version": RECORDS_VERSION, "baselines": baselines})
+    records = {"version": RECORDS_VERSION, "baselines": baselines}
+    if is_url(store):  # one PUT: readers see the old object or the new one
+        from stepscope.store.objectstore import RemoteStore
+
+        RemoteStore(str(store)).write_text(BASELINES_FILE, json.dumps(records, indent=1, sort_keys=True) + "\n")
+    else:
+        write_json_atomic(Path(store) / BASELINES_FILE, records)
     return entry
 
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 from stepscope.errors import InternalError, StoreError, UsageError
 from stepscope.store import schema
 from stepscope.store.engine import DEFAULT_MEMORY_LIMIT, MEMORY_LIMIT_ENV, THREADS, connect, resolve_memory_limit
+from stepscope.store.location import is_url, store_files
 
 __all__ = ["DEFAULT_MEMORY_LIMIT", "MEMORY_LIMIT_ENV", "THREADS", "Store", "connect", "open_store",
            "resolve_memory_limit"]
@@ -30,10 +31,6 @@ _HIVE = "hive_partitioning = true, hive_types = {'run': VARCHAR, 'rank': INTEGER
 
 def _sql_string(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
-
-
-def _glob(root: Path, table: str) -> str:
-    return _sql_string(str(root / table / "**" / "*.parquet"))
 
 
 def _sql_list(paths: list[str]) -> str:
@@ -50,9 +47,13 @@ class Store:
 
     def __init__(self, root: Path | str, *, read_only_sql: bool = False,
                  memory_limit: str | None = None) -> None:
-        self.root = Path(root)
-        if not self.root.is_dir():
+        self.root: Path | str = root if is_url(root) else Path(root)
+        self._files = store_files(self.root)
+        if not self._files.exists():
             raise StoreError(f"{self.root}: no such store (run `stepscope ingest ... --store {self.root}` first)")
+        self._cache_root = self._files.cache_root()
+        if is_url(self.root):  # queries read this machine's copy of the committed parts
+            self._files = store_files(self._files.mirror())
         self._lock = threading.Lock()
         self.memory_limit = resolve_memory_limit(memory_limit)
         self._con = connect(limit=self.memory_limit, spill=not read_only_sql)
@@ -65,17 +66,32 @@ class Store:
         if self._parts is not None:
             self._lock_down(self._parts)
 
+    @property
+    def cache_root(self) -> Path:
+        """The folder of this machine where the analysis layer caches the store's frames (the
+        store itself when it is a local folder)."""
+        return self._cache_root
+
+    @property
+    def parts_root(self) -> Path:
+        """The folder of this machine whose parts the queries read: the store itself, or this
+        machine's copy of an object store's committed parts."""
+        return self._files.root
+
     def _files_exist(self, table: str) -> bool:
-        return any((self.root / table).glob("run=*/rank=*/*.parquet"))
+        return self._files.has_parts(table)
 
     def _part_files(self, table: str) -> list[str]:
-        return sorted(str(p.resolve()) for p in (self.root / table).glob("**/*.parquet"))
+        return self._files.part_files(table)
+
+    def _glob(self, table: str) -> str:
+        return _sql_string(self._files.glob(table))
 
     def _check_version(self) -> None:
         if not self._files_exist("sources"):
             return
         rows = self._con.execute(
-            "SELECT DISTINCT decode(value) FROM parquet_kv_metadata(" + _glob(self.root, "sources") + ") "
+            "SELECT DISTINCT decode(value) FROM parquet_kv_metadata(" + self._glob("sources") + ") "
             "WHERE decode(key) = 'stepscope.schema_version'"
         ).fetchall()
         versions = sorted(int(v) for (v,) in rows)
@@ -105,7 +121,7 @@ class Store:
             if self._parts is not None and self._parts[name]:
                 base = f"read_parquet({_sql_list(self._parts[name])}, {_HIVE})"
             elif self._parts is None and self._files_exist(name):
-                base = f"read_parquet({_glob(self.root, name)}, {_HIVE})"
+                base = f"read_parquet({self._glob(name)}, {_HIVE})"
             else:
                 self._empty_relation(table)
                 base = f"_empty_{name}"
@@ -185,9 +201,14 @@ class Store:
             yield
         except duckdb.Error as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            if str(self.root) in first or str(self.root.resolve()) in first:
+            if any(str(place) in first for place in self._places()):
                 raise StoreError(f"{self.root}: a store file cannot be read ({first})") from exc
             raise InternalError(f"query failed: {first}") from exc
+
+    def _places(self) -> tuple[str, ...]:
+        """How DuckDB may name a file of this store in an error."""
+        local = (str(self._files.root), str(self._files.root.resolve()))
+        return local if isinstance(self.root, Path) else (self.root, *local)
 
     def df(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> Any:
         """Like ``sql`` but returns a pandas DataFrame (imports pandas only when asked)."""

@@ -24,7 +24,7 @@ import tempfile
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import duckdb
 
@@ -33,6 +33,7 @@ from stepscope.errors import StoreError, StoreWriteError, TraceFormatError, Usag
 from stepscope.store import dedupe, engine, sessions, trace_metadata
 from stepscope.store.convert import Conversion, SqlPart, Stager, convert
 from stepscope.store.files import select_trace_files
+from stepscope.store.location import is_url
 from stepscope.store.kineto import KinetoTrace, read_trace
 from stepscope.store.constants import DUCKDB_TYPES, INT64_MAX, INT64_MIN, SOURCES_COLUMNS, out_of_range
 from stepscope.store.writer import move_part, part_path, run_id, write_partition
@@ -232,6 +233,11 @@ def convert_file(
     the store cannot be written; a failure leaves no part behind. ``rank`` overrides the trace's
     own (the collector knows it); otherwise distributedInfo, the file name, then ``position``.
     """
+    if is_url(store):
+        from stepscope.store import objectstore
+
+        return objectstore.convert_file(path, str(store), run, rank=rank, rank_from=rank_from, position=position,
+                                        metadata=metadata, tags=tags, memory_limit=memory_limit, threads=threads)
     root = Path(store)
     rid = run_id(run)
     work = Path(tempfile.mkdtemp(prefix="stepscope-ingest-"))
@@ -295,14 +301,36 @@ def write_rank_tables(con: duckdb.DuckDBPyConnection, root: Path, run: str, rank
                         SqlPart(con, Path(parts["events"]), table.query, rankstats.params(table.query, run)))
 
 
-def commit(converted: ConvertedTrace, store: str | Path, *, on_conflict: str = "session") -> IngestedTrace:
+class LocalParts:
+    """A trace's uncommitted parts in a local store folder: moved to another run, or removed."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def move(self, run: str, rank: int, source: str, to_run: str) -> None:
+        for table in PARTS:
+            move_part(self.root, table, run, rank, source, to_run)
+
+    def remove(self, run: str, rank: int, source: str) -> None:
+        _remove_parts(self.root, run, rank, source)
+
+
+def commit(converted: ConvertedTrace, store: str | Path, *, on_conflict: str = "session",
+           parts: LocalParts | None = None) -> IngestedTrace:
     """Make a converted trace visible: under the commit lock, skip it when the run already holds
     it, refuse it when it overlaps a different trace of its rank, place it in a run of its own
     when it is another session of its rank (or refuse that, ``on_conflict="refuse"``), and write
-    its ``sources`` row."""
+    its ``sources`` row. ``parts`` holds the trace's parts when they are elsewhere than in
+    ``store`` (a store on object storage commits in a local copy of its ``sources``:
+    ``store.objectstore``)."""
     if on_conflict not in ON_CONFLICT:
         raise UsageError(f"on_conflict must be one of {', '.join(ON_CONFLICT)}, not {on_conflict!r}")
+    if is_url(store):
+        from stepscope.store import objectstore
+
+        return objectstore.commit_one(converted, str(store), on_conflict=on_conflict)
     root = Path(store)
+    parts = parts or LocalParts(root)
     c = converted
     new = sessions.NewTrace(c.rank, c.source, c.conversion.start_ns, c.conversion.end_ns,
                             c.conversion.main_pid, frozenset(c.conversion.steps))
@@ -313,8 +341,7 @@ def commit(converted: ConvertedTrace, store: str | Path, *, on_conflict: str = "
             refusal = _refusal(c, placed, on_conflict)
             if placed.same is None and refusal is None:
                 if placed.run != c.run:
-                    for table in PARTS:
-                        move_part(root, table, c.run, c.rank, c.source, placed.run)
+                    parts.move(c.run, c.rank, c.source, placed.run)
                     parts_in = placed.run
                 run_name = c.run_name if placed.run == c.run else placed.run
                 row = {**c.sources_row, "run_name": run_name, "ingested_at": dt.datetime.now(dt.timezone.utc)}
@@ -325,13 +352,13 @@ def commit(converted: ConvertedTrace, store: str | Path, *, on_conflict: str = "
                 return IngestedTrace(c.path, placed.run, c.rank, c.rank_from, c.source,
                                      c.conversion.event_count, skipped=False, note=_session_note(c, placed))
     except OSError as exc:
-        _remove_parts(root, parts_in, c.rank, c.source)
+        parts.remove(parts_in, c.rank, c.source)
         raise StoreWriteError(c.path, root, exc) from exc
     except BaseException:  # an interrupt, a bug: the uncommitted parts go too
-        _remove_parts(root, parts_in, c.rank, c.source)
+        parts.remove(parts_in, c.rank, c.source)
         raise
     if placed.same is None or placed.same.source != c.source:  # the parts are ours alone
-        _remove_parts(root, c.run, c.rank, c.source)
+        parts.remove(c.run, c.rank, c.source)
     if placed.same is not None:
         return _skipped(c.path, placed.run, placed.same, c.source, c.rank, c.rank_from)
     raise refusal
@@ -472,6 +499,11 @@ def _size(path: Path) -> int:
         return 0
 
 
+ENGINES = ("local", "ray")
+"""Where a batch's files are converted: worker processes of this machine, or Ray tasks
+(``store.ray_engine``, the ``stepscope[ray]`` extra)."""
+
+
 def ingest_paths(
     paths: Iterable[str | Path],
     store: str | Path,
@@ -481,8 +513,11 @@ def ingest_paths(
     jobs: int | None = 1,
     on_conflict: str = "session",
     memory_limit: str | None = None,
+    engine: str = "local",
+    ray_address: str | None = None,
     on_selected: Callable[[list[Path]], None] | None = None,
     on_file: Callable[[Path], None] | None = None,
+    on_converted: Callable[[Path], None] | None = None,
     on_done: Callable[[IngestedTrace | str], None] | None = None,
 ) -> IngestReport:
     """Ingest files and folders as the ranks of one run. Bad files are reported, not fatal.
@@ -490,11 +525,16 @@ def ingest_paths(
     Every readable file of the batch is tried; ``report.errors`` holds one ``<file>: <problem>``
     line per path that was refused or could not be read (missing, a FIFO, a broken link, ...),
     and nothing already stored is touched by a refused one. ``on_selected`` gets the files found
-    before any is read. With ``jobs > 1`` files are converted in that many worker processes;
-    they are committed in the batch's order, as with one (``jobs=None``: ``default_jobs``).
+    before any is read, ``on_converted`` each file once its conversion ended (in the order they
+    end), ``on_done`` each outcome once committed. With ``jobs > 1`` files are converted in that
+    many worker processes (``jobs=None``: ``default_jobs``), with ``engine="ray"`` in one Ray
+    task each (on the cluster at ``ray_address``, else a local one); they are committed in the
+    batch's order. A store on object storage (``s3://...``) takes the whole batch in one commit.
     """
     if on_conflict not in ON_CONFLICT:
         raise UsageError(f"--on-conflict must be one of {', '.join(ON_CONFLICT)}, not {on_conflict!r}")
+    if engine not in ENGINES:
+        raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     selection = select_trace_files(paths)
     if not selection.files and not selection.problems:
         raise UsageError("no trace files (*.json, *.json.gz) in the paths given")
@@ -507,12 +547,39 @@ def ingest_paths(
     workers = max(1, min(default_jobs(selection.files) if jobs is None else jobs, len(selection.files)))
     batch = [_Job(file, str(store), name, position, tags, memory_limit)
              for position, file in enumerate(selection.files)]
+    if engine == "ray":
+        from stepscope.store import ray_engine
+
+        conversions = ray_engine.convert_batch(batch, _convert_job, address=ray_address, on_converted=on_converted)
+    else:
+        conversions = _converted_here(batch, workers, on_file, on_converted)
+    if is_url(store):
+        from stepscope.store import objectstore
+
+        outcomes = list(conversions)
+        for outcome in objectstore.commit_batch([o for _, o in outcomes], [j.file for j, _ in outcomes],
+                                                str(store), on_conflict=on_conflict):
+            _record(report, outcome, on_done)
+        return report
+    for job, outcome in conversions:
+        _record(report, _commit_outcome(outcome, job.file, store, on_conflict), on_done)
+    return report
+
+
+def _converted_here(batch: list[_Job], workers: int, on_file: Callable[[Path], None] | None,
+                    on_converted: Callable[[Path], None] | None
+                    ) -> Iterator[tuple[_Job, ConvertedTrace | IngestedTrace | str]]:
+    """Each file of ``batch`` with its conversion's outcome, in the batch's order: converted in
+    this process (``workers == 1``), else in a pool of worker processes."""
     if workers == 1:
         for job in batch:
             if on_file:
                 on_file(job.file)
-            _record(report, _commit_outcome(_convert_job(job), job.file, store, on_conflict), on_done)
-        return report
+            outcome = _convert_job(job)
+            if on_converted:
+                on_converted(job.file)
+            yield job, outcome
+        return
     with _worker_pool(workers) as pool:
         futures: list[Future] = [pool.submit(_convert_job, job) for job in batch]
         for job, future in zip(batch, futures):
@@ -522,8 +589,9 @@ def ingest_paths(
                 outcome = future.result()
             except Exception as exc:  # noqa: BLE001 - a worker that died costs its file
                 outcome = _problem_line(job.file, exc)
-            _record(report, _commit_outcome(outcome, job.file, store, on_conflict), on_done)
-    return report
+            if on_converted:
+                on_converted(job.file)
+            yield job, outcome
 
 
 def _worker_pool(workers: int) -> ProcessPoolExecutor:

@@ -14,13 +14,18 @@ from pathlib import Path
 
 from stepscope.store import schema
 from stepscope.store.dedupe import INDEX_NAME
+from stepscope.store.location import is_url
 
 COMMIT_TABLE = "sources"
 CACHE_DIR = "cache"
 
 
 def stored_runs(root: Path | str) -> list[str]:
-    """The run ids with committed rows in the store at ``root`` (sorted)."""
+    """The run ids with committed rows in the store at ``root`` (sorted; a folder or a URL)."""
+    if is_url(root):
+        from stepscope.store.objectstore import RemoteStore
+
+        return RemoteStore(str(root)).runs()
     return sorted(p.name.removeprefix("run=") for p in (Path(root) / COMMIT_TABLE).glob("run=*") if p.is_dir())
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol, Union
 from stepscope.errors import UsageError
 from stepscope.store.atomic import atomic_path, atomic_write, move_file
 from stepscope.store.constants import file_metadata
+from stepscope.store.location import is_url
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -70,14 +71,19 @@ def _encodings(spec: "pa.Schema") -> dict[str, object]:
 
 
 def write_partition(root: Path | str, table: str, run: str, rank: int, source: str,
-                    data: PartData) -> Path:
-    """Write ``data`` as the part of ``table`` that ``source`` contributes to (run, rank).
+                    data: PartData) -> Path | str:
+    """Write ``data`` as the part of ``table`` that ``source`` contributes to (run, rank); on
+    object storage (``root`` a URL) it is written here and uploaded (one PUT); returns its path.
 
     ``data`` is an Arrow table matching the schema in ``stepscope.store.schema``, or a
     ``PartSource`` (ingest's DuckDB queries, which select exactly those columns); the file
     carries ``SCHEMA_VERSION`` in its metadata. Writing the same part again replaces it
     atomically, also while another process writes it.
     """
+    if is_url(root):
+        from stepscope.store.objectstore import write_partition as write_remote_partition
+
+        return write_remote_partition(str(root), table, run, rank, source, data)
     target = part_path(Path(root), table, run, int(rank), source)
     if hasattr(data, "write_parquet"):
         with atomic_path(target) as tmp:
