@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+# Imported here, not inside a test: pytester drops the modules a test imported when it ends, and
+# DuckDB's extension module cannot be loaded twice into one process (a later import aborts).
+from stepscope.store.runs import stored_runs
+
 pytest_plugins = ["pytester"]
 
 pytestmark = pytest.mark.serial  # judges fresh timings: runs alone (pyproject markers)
@@ -63,7 +67,6 @@ def _plugin_args() -> list[str]:
 def test_shared_baseline_folder_and_parametrised_tests(pytester: pytest.Pytester,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     _need_torch()
-    from stepscope.store.runs import stored_runs
 
     pytester.makepyfile(test_gate=TEST_FILE)
     args = _plugin_args()
