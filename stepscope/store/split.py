@@ -125,6 +125,21 @@ class _Splitter:
         del self.buf[:count]
         self.offset += count
 
+    def _proven(self, data: bytes | bytearray, end: int) -> bytes | None:
+        """``data[:end]`` as a compact array when msgspec proves it whole events; None when the
+        cut fell inside a string or value (or past the array's end); a real syntax error before
+        ``end`` is the trace's error."""
+        wrapped = bytearray(b"[")
+        wrapped += memoryview(data)[:end]
+        wrapped += b"]"
+        try:
+            return _compact(self.path, wrapped)
+        except msgspec.DecodeError as exc:
+            at = _error_position(exc)
+            if at is not None and at <= end and "trailing characters" not in str(exc):
+                raise self._invalid(exc, shift=1) from exc
+            return None
+
     def _invalid(self, exc: msgspec.DecodeError, shift: int) -> TraceFormatError:
         """The file's own syntax error, its byte position made relative to the whole text."""
         message = str(exc)
@@ -233,15 +248,8 @@ class _Splitter:
         for tried, (end, nxt) in enumerate(self._candidates()):
             if tried == CUT_TRIES:
                 return False
-            wrapped = bytearray(b"[")
-            wrapped += memoryview(self.buf)[:end]
-            wrapped += b"]"
-            try:
-                compact = _compact(self.path, wrapped)
-            except msgspec.DecodeError as exc:
-                at = _error_position(exc)
-                if at is not None and at <= end and "trailing characters" not in str(exc):
-                    raise self._invalid(exc, shift=1) from exc
+            compact = self._proven(self.buf, end)
+            if compact is None:
                 continue  # the cut was inside a string or value (or past the array's end)
             self._emit(compact)
             self._drop(nxt)
@@ -279,15 +287,8 @@ class _Splitter:
                 self._emit(b"[]")  # one empty piece: the reader sees the columns, no rows
                 self._finish(tail)
                 return
-            wrapped = bytearray(b"[")
-            wrapped += memoryview(buf)[:close]
-            wrapped += b"]"
-            try:
-                compact = _compact(self.path, wrapped)
-            except msgspec.DecodeError as exc:
-                at = _error_position(exc)
-                if at is not None and at <= close and "trailing characters" not in str(exc):
-                    raise self._invalid(exc, shift=1) from exc
+            compact = self._proven(buf, close)
+            if compact is None:
                 continue
             self._emit(compact)
             self._finish(tail)
