@@ -1,9 +1,9 @@
 """Bring a store written by an older stepscope up to this one's schema version.
 
-From schema version 1 to 2: each committed trace gets its per-rank tables
+From any older schema version: each committed trace gets every per-rank table of this version
 (``stepscope.store.rankstats``), computed from the parts the store already holds (the same queries as
 at ingest, so a migrated store answers exactly as a fresh ingest of the same files would), and
-its ``sources`` row gains ``process_id`` (the pid most of its host events carry) and the new
+its ``sources`` row gains ``process_id`` (the pid most of its host events carry, version 2) and the new
 version. The ``sources`` part is rewritten last, under the commit lock, so a trace is never seen
 half migrated; running ``migrate`` again skips what is done. The events, steps and memory parts
 keep their bytes (their layout did not change).
