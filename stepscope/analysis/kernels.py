@@ -2,7 +2,8 @@
 
 All per rank, in DuckDB SQL over the store. Definitions in docs/ANALYSIS.md ("Kernels and ops").
 The top kernels and CPU ops rank the per-name aggregates each rank's ingest wrote
-(``rank_kernels``, ``rank_cpu_ops``: :mod:`stepscope.store.rankstats.kernels`).
+(``rank_kernels``, ``rank_cpu_ops``: :mod:`stepscope.store.rankstats.kernels`), and the launch
+overhead its launch totals (``rank_launches``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from stepscope.analysis._sql import rank_filter
-from stepscope.analysis.breakdown import GPU_KINDS_SQL
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.quantiles import median_sql, quantile_sql
 from stepscope.analysis.sections import SQLStore
@@ -101,28 +101,22 @@ def launch_overhead(store: SQLStore, run: str, ranks: Sequence[int] | None = Non
     computing), ``short_launches`` (launches whose GPU work took less time than the call),
     ``median_launch_delay_ns`` (GPU start - launch-call start, the median of
     :mod:`stepscope.analysis.quantiles`).
+
+    Read from what each trace's ingest stored (``rank_launches``); a rank's traces add up. The
+    median is exact for a rank with one trace in the run; over several traces it is the mean of
+    the traces' medians weighted by their launches (the traces' launches are not kept one by
+    one, so the median of all of them together cannot be had from the table).
     """
     rf, extra = rank_filter(ranks)
     query = f"""
-    WITH _gpu AS (
-        SELECT rank, source, correlation, min(ts_ns) AS gpu_start, sum(dur_ns) AS gpu_ns
-        FROM events
-        WHERE run = $run AND kind IN {GPU_KINDS_SQL} AND dur_ns IS NOT NULL
-          AND correlation IS NOT NULL AND {rf}
-        GROUP BY rank, source, correlation
-    ),
-    _launch AS (
-        SELECT r.rank, r.ts_ns, r.dur_ns, g.gpu_start, g.gpu_ns
-        FROM events r JOIN _gpu g
-          ON r.rank = g.rank AND r.source = g.source AND r.correlation = g.correlation
-        WHERE r.run = $run AND r.kind IN ('cuda_runtime', 'cuda_driver') AND r.dur_ns IS NOT NULL
-    )
-    SELECT $run AS run, rank, count(*) AS launches, sum(dur_ns)::BIGINT AS launch_ns,
-           sum(gpu_ns)::BIGINT AS launched_gpu_ns,
-           CASE WHEN sum(gpu_ns) > 0 THEN sum(dur_ns) / sum(gpu_ns) END AS launch_to_gpu_ratio,
-           count(*) FILTER (WHERE gpu_ns < dur_ns) AS short_launches,
-           {median_sql("gpu_start - ts_ns")} AS median_launch_delay_ns
-    FROM _launch GROUP BY rank ORDER BY rank
+    SELECT $run AS run, rank, sum(launches)::BIGINT AS launches, sum(launch_ns)::BIGINT AS launch_ns,
+           sum(launched_gpu_ns)::BIGINT AS launched_gpu_ns,
+           CASE WHEN sum(launched_gpu_ns) > 0 THEN sum(launch_ns) / sum(launched_gpu_ns) END AS launch_to_gpu_ratio,
+           sum(short_launches)::BIGINT AS short_launches,
+           CASE WHEN count(*) = 1 THEN any_value(median_launch_delay_ns)
+                ELSE sum(median_launch_delay_ns * launches) / sum(launches) END AS median_launch_delay_ns
+    FROM rank_launches WHERE run = $run AND {rf}
+    GROUP BY rank ORDER BY rank
     """
     return store.sql(query, {"run": run, **extra})
 

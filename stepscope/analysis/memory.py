@@ -36,7 +36,9 @@ from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
 from stepscope.store.rankstats.devices import accelerator_sql, name_sql
-from stepscope.store.rankstats.memory import memory_cte, stack_cte, threads_cte
+from stepscope.errors import UsageError
+from stepscope.store.rankstats.memory import (CURVE_BUCKETS, LIVE_AT_PEAK_CTE, STORED_ALLOCATIONS, bucket_sql,
+                                              memory_cte)
 from stepscope.analysis.findings import Finding, Results, Severity, ranks_phrase, rule
 from stepscope.analysis.sections import SQLStore, section
 
@@ -53,12 +55,19 @@ def _params(run: str, ranks: Sequence[int] | None, column: str = "rank") -> tupl
 
 @cached_frame("memory_timeline")
 def memory_timeline(store: SQLStore, run: str, ranks: Sequence[int] | None = None,
-                    *, max_points: int | None = 2000) -> pa.Table:
+                    *, max_points: int | None = CURVE_BUCKETS) -> pa.Table:
     """Allocated and reserved bytes over time, per rank and device.
 
     With ``max_points``, each (rank, device) series is cut into that many equal time buckets
     and each bucket keeps its maximum allocated and reserved (so no peak is lost), at the time
-    of its maximum allocation. ``None`` returns every event.
+    of its maximum allocation. These come from the curve each trace's ingest stored
+    (``rank_memory_curve``: :data:`CURVE_BUCKETS` buckets per trace and device, each with its
+    maximum at the time of its maximum allocation), put into the asked buckets by that time.
+    For a rank with one trace and a ``max_points`` that divides :data:`CURVE_BUCKETS` (the
+    default is that count) every bucket equals the one computed from every event; otherwise a
+    stored bucket that straddles two asked buckets gives its maximum to one of them (the peaks,
+    allocated and reserved, stay exact), and more than :data:`CURVE_BUCKETS` points per trace
+    cannot be had. ``None`` returns every event (read from the ``memory`` events).
     """
     ranks_sql, params = _params(run, ranks)
     if max_points is None:
@@ -69,37 +78,23 @@ FROM mem_events
 ORDER BY rank, device_type, device, ts_ns"""
         return store.sql(query, params)
     query = f"""
-WITH {memory_cte(ranks_sql)},
-m AS (
-  SELECT *, min(ts_ns) OVER s AS t_first, max(ts_ns) OVER s AS t_last
-  FROM mem_events
-  WINDOW s AS (PARTITION BY rank, device_type, device)
+WITH span AS (
+  SELECT rank, device_type, device, min(first_ts_ns) AS t_first, max(last_ts_ns) AS t_last
+  FROM rank_memory_live WHERE run = $run AND {ranks_sql} GROUP BY rank, device_type, device
 ),
 b AS (
-  SELECT *, CASE WHEN t_last = t_first THEN 0
-                 ELSE least($n - 1, ((ts_ns - t_first) * $n) // (t_last - t_first + 1)) END AS bucket
-  FROM m
+  SELECT c.* EXCLUDE (bucket), {bucket_sql("$n")} AS bucket
+  FROM rank_memory_curve c JOIN span s
+    ON s.rank = c.rank AND s.device_type IS NOT DISTINCT FROM c.device_type AND s.device IS NOT DISTINCT FROM c.device
+  WHERE c.run = $run
 )
-SELECT any_value(run) AS run, rank, device_type, any_value(device_name) AS device_name,
-       any_value(accelerator) AS accelerator, device, arg_max(ts_ns, total_allocated) AS ts_ns,
+SELECT any_value(run) AS run, rank, device_type, {name_sql("device_type")} AS device_name,
+       {accelerator_sql("device_type")} AS accelerator, device, arg_max(ts_ns, total_allocated) AS ts_ns,
        max(total_allocated) AS total_allocated, max(total_reserved) AS total_reserved,
        bool_or(rebuilt) AS rebuilt
 FROM b GROUP BY rank, device_type, device, bucket
 ORDER BY rank, device_type, device, ts_ns"""
     return store.sql(query, {**params, "n": int(max_points)})
-
-
-_ALLOCS_CTES = """
-{memory},
-mem AS MATERIALIZED (SELECT * FROM mem_events),
-allocs AS MATERIALIZED (
-  SELECT * FROM (
-    SELECT mid, run, rank, source, device_type, device, step, addr, bytes, ts_ns AS alloc_ts_ns,
-           CASE WHEN lead(bytes) OVER w < 0 THEN lead(ts_ns) OVER w END AS free_ts_ns
-    FROM mem
-    WINDOW w AS (PARTITION BY source, device_type, device, addr ORDER BY ts_ns, mid)
-  ) WHERE bytes > 0
-)"""
 
 
 @cached_frame("memory_step_peaks")
@@ -149,88 +144,103 @@ ORDER BY p.rank, p.device_type, p.device, p.step NULLS LAST
     return store.sql(query, params)
 
 
-_ROLE_CTES = """
+_STORED_CTES = """
+allocs AS (SELECT * FROM rank_memory_allocations WHERE run = $run AND {ranks_sql}),
+peak AS (
+  -- one row per trace of a rank: the rank's peak is its traces' highest (the earliest on ties)
+  SELECT rank, device_type, device, source AS peak_source, peak_ts_ns, peak_allocated_bytes,
+         live_allocations, live_bytes
+  FROM (SELECT *, row_number() OVER (PARTITION BY rank, device_type, device
+                                     ORDER BY peak_allocated_bytes DESC, peak_ts_ns, source) AS rn
+        FROM rank_memory_live WHERE run = $run AND {ranks_sql} AND peak_ts_ns IS NOT NULL)
+  WHERE rn = 1
+),
 role_ranges AS (
   SELECT r.source, r.role::VARCHAR AS role, r.name AS role_name, r.addr, r.addr + r.bytes AS addr_end,
          r.device_type, r.device,
-         coalesce(s.end_ns, (SELECT max(ts_ns) FROM memory m WHERE m.source = r.source)) AS seen_ns
+         coalesce(s.end_ns, (SELECT max(last_ts_ns) FROM rank_memory_live m WHERE m.source = r.source)) AS seen_ns
   FROM memory_roles r LEFT JOIN steps s ON s.source = r.source AND s.step = r.step
   WHERE r.run = $run
 ),
 alloc_role AS (
-  SELECT a.mid, min(r.role) AS role, min(r.role_name) AS role_name
+  SELECT a.source, a.memory_index, min(r.role) AS role, min(r.role_name) AS role_name
   FROM allocs a JOIN role_ranges r
     ON r.source = a.source AND r.device_type IS NOT DISTINCT FROM a.device_type
    AND (r.device IS NULL OR r.device = a.device)
    AND a.addr >= r.addr AND a.addr < r.addr_end
    AND a.alloc_ts_ns <= r.seen_ns AND (a.free_ts_ns IS NULL OR a.free_ts_ns > r.seen_ns)
-  GROUP BY a.mid
-)"""
+  GROUP BY a.source, a.memory_index
+),
+{live}"""
+"""The stored allocations (``rank_memory_allocations``) of the ranks asked for, each (rank,
+device)'s highest peak over its traces (``rank_memory_live``), the role of each stored
+allocation (the collector's ``memory_roles``, joined here because the collector writes them
+after the trace's commit and may rewrite them), and ``live``: the stored allocations live at
+the peak. Every allocation that can hold a role is stored, so are a trace's
+:data:`STORED_ALLOCATIONS` largest live at its peak, and every allocation not freed inside its
+trace: for a rank with one trace, or whose traces do not overlap in time (an allocation of an
+earlier trace is live at a later peak only when that trace never freed it), these are the
+allocations an event query finds live, as far as the top ``STORED_ALLOCATIONS`` and the role
+sums reach. Traces of one rank that overlap in time (not seen in practice) would miss the other
+trace's allocations freed after the peak."""
 
 
-_PEAK_CTE = """
-peak AS (
-  SELECT rank, device_type, device, ts_ns AS peak_ts_ns, total_allocated AS peak_allocated_bytes
-  FROM (SELECT *, row_number() OVER (PARTITION BY rank, device_type, device
-                                     ORDER BY total_allocated DESC, ts_ns, mid) AS rn FROM mem)
-  WHERE rn = 1
-)"""
-"""``peak``: each (rank, device)'s highest ``total_allocated`` event, the earliest on ties."""
+def _stored_ctes(ranks_sql: str) -> str:
+    return _STORED_CTES.format(ranks_sql=ranks_sql, live=LIVE_AT_PEAK_CTE.strip())
+
+
+def _top(top: int) -> int:
+    """``top``, refused beyond what each trace's ingest stored."""
+    if not 0 < top <= STORED_ALLOCATIONS:
+        raise UsageError(f"top={top}: the store keeps the {STORED_ALLOCATIONS} largest allocations of each "
+                         f"trace and device (ask for 1 to {STORED_ALLOCATIONS})")
+    return int(top)
 
 
 @cached_frame("memory_live_at_peak")
 def live_at_peak(store: SQLStore, run: str, ranks: Sequence[int] | None = None, *, top: int = 20) -> pa.Table:
     """The ``top`` largest allocations live at each (rank, device)'s highest peak: size, when
-    allocated and freed, the ops that allocated it (outermost first), and its role."""
+    allocated and freed, the ops that allocated it (outermost first), and its role. ``top`` is at
+    most :data:`STORED_ALLOCATIONS` (what the ingest keeps; more raises :class:`UsageError`)."""
     ranks_sql, params = _params(run, ranks)
     query = f"""
-WITH {_ALLOCS_CTES.format(memory=memory_cte(ranks_sql))},
-{_ROLE_CTES},
-{_PEAK_CTE},
-live AS (
-  SELECT a.*, p.peak_ts_ns, p.peak_allocated_bytes,
-         row_number() OVER (PARTITION BY a.rank, a.device_type, a.device ORDER BY a.bytes DESC, a.alloc_ts_ns)
-           AS size_rank
-  FROM allocs a JOIN peak p
-    ON p.rank = a.rank AND p.device_type = a.device_type AND p.device IS NOT DISTINCT FROM a.device
-  WHERE a.alloc_ts_ns <= p.peak_ts_ns AND (a.free_ts_ns IS NULL OR a.free_ts_ns > p.peak_ts_ns)
-),
-picked AS (SELECT mid AS point_id, source, alloc_ts_ns AS ts_ns, bytes, device FROM live WHERE size_rank <= $top),
-{threads_cte('picked', 'picked_threads')},
-{stack_cte('picked_threads', 'picked_stack')}
+WITH {_stored_ctes(ranks_sql)},
+ranked AS (
+  SELECT *, row_number() OVER (PARTITION BY rank, device_type, device
+                               ORDER BY bytes DESC, alloc_ts_ns, source, memory_index) AS size_rank
+  FROM live
+)
 SELECT l.run, l.rank, l.device_type, l.device, l.peak_ts_ns, l.peak_allocated_bytes, l.size_rank,
        l.bytes, l.addr, l.step, l.alloc_ts_ns, l.free_ts_ns, coalesce(r.role, 'other') AS role,
-       r.role_name, s.ops AS allocated_by
-FROM live l
-LEFT JOIN alloc_role r USING (mid)
-LEFT JOIN picked_stack s ON s.point_id = l.mid
+       r.role_name, l.allocated_by
+FROM ranked l
+LEFT JOIN alloc_role r USING (source, memory_index)
 WHERE l.size_rank <= $top
 ORDER BY l.rank, l.device_type, l.device, l.size_rank
 """
-    return store.sql(query, {**params, "top": int(top)})
+    return store.sql(query, {**params, "top": _top(top)})
 
 
 @cached_frame("memory_largest_allocations")
 def largest_allocations(store: SQLStore, run: str, ranks: Sequence[int] | None = None, *, top: int = 20) -> pa.Table:
     """The ``top`` largest allocations of each (rank, device) over the whole trace, with their
-    lifetime (null ``free_ts_ns``: not freed inside the trace) and the ops that made them."""
+    lifetime (null ``free_ts_ns``: not freed inside the trace) and the ops that made them. ``top``
+    is at most :data:`STORED_ALLOCATIONS` (each trace's largest are stored; more raises
+    :class:`UsageError`); over several traces of a rank, the largest of all of them."""
     ranks_sql, params = _params(run, ranks)
     query = f"""
-WITH {_ALLOCS_CTES.format(memory=memory_cte(ranks_sql))},
-ranked AS (
-  SELECT *, row_number() OVER (PARTITION BY rank, device_type, device ORDER BY bytes DESC, alloc_ts_ns) AS size_rank
-  FROM allocs
-),
-picked AS (SELECT mid AS point_id, source, alloc_ts_ns AS ts_ns, bytes, device FROM ranked WHERE size_rank <= $top),
-{threads_cte('picked', 'picked_threads')},
-{stack_cte('picked_threads', 'picked_stack')}
+WITH ranked AS (
+  SELECT *, row_number() OVER (PARTITION BY rank, device_type, device
+                               ORDER BY bytes DESC, alloc_ts_ns, source, memory_index) AS size_rank
+  FROM rank_memory_allocations WHERE run = $run AND {ranks_sql}
+)
 SELECT r.run, r.rank, r.device_type, r.device, r.size_rank, r.bytes, r.addr, r.step, r.alloc_ts_ns,
-       r.free_ts_ns, r.free_ts_ns - r.alloc_ts_ns AS lifetime_ns, s.ops AS allocated_by
-FROM ranked r LEFT JOIN picked_stack s ON s.point_id = r.mid
+       r.free_ts_ns, r.free_ts_ns - r.alloc_ts_ns AS lifetime_ns, r.allocated_by
+FROM ranked r
 WHERE r.size_rank <= $top
 ORDER BY r.rank, r.device_type, r.device, r.size_rank
 """
-    return store.sql(query, {**params, "top": int(top)})
+    return store.sql(query, {**params, "top": _top(top)})
 
 
 def _has_roles(store: SQLStore, ranks_sql: str, params: dict[str, object]) -> bool:
@@ -247,25 +257,38 @@ def roles_at_peak(store: SQLStore, run: str, ranks: Sequence[int] | None = None)
     before the trace began: the peak's ``total_allocated`` minus every recorded live
     allocation). Also the bytes each role's storage holds as the collector saw it
     (``recorded_bytes``), which covers storage allocated before the trace.
-    :class:`Absent` when no role was recorded."""
+    :class:`Absent` when no role was recorded.
+
+    The live allocations of the peak's trace are its stored count and bytes
+    (``rank_memory_live``); those of the other traces of the rank, the stored ones live then
+    (:data:`_STORED_CTES` says when that is all of them)."""
     ranks_sql, params = _params(run, ranks)
     roles_ranks_sql, _ = _params(run, ranks, "r.rank")
     if not _has_roles(store, ranks_sql, params):
         return Absent(NO_ROLES)
     query = f"""
-WITH {_ALLOCS_CTES.format(memory=memory_cte(ranks_sql))},
-{_ROLE_CTES},
-{_PEAK_CTE},
-live AS (
-  SELECT a.rank, a.device_type, a.device, coalesce(r.role, 'other') AS role, a.bytes
-  FROM allocs a JOIN peak p
-    ON p.rank = a.rank AND p.device_type = a.device_type AND p.device IS NOT DISTINCT FROM a.device
-  LEFT JOIN alloc_role r USING (mid)
-  WHERE a.alloc_ts_ns <= p.peak_ts_ns AND (a.free_ts_ns IS NULL OR a.free_ts_ns > p.peak_ts_ns)
+WITH {_stored_ctes(ranks_sql)},
+live_roles AS (
+  SELECT l.rank, l.device_type, l.device, l.source = p.peak_source AS of_peak_trace,
+         coalesce(r.role, 'other') AS role, l.bytes
+  FROM live l
+  JOIN peak p ON p.rank = l.rank AND p.device_type = l.device_type AND p.device IS NOT DISTINCT FROM l.device
+  LEFT JOIN alloc_role r USING (source, memory_index)
+),
+unstored AS (
+  -- the peak trace's live allocations that were not stored: in no role (every one that can be is stored)
+  SELECT p.rank, p.device_type, p.device, 'other' AS role,
+         (p.live_bytes - coalesce(sum(l.bytes) FILTER (WHERE l.of_peak_trace), 0))::BIGINT AS live_bytes,
+         p.live_allocations - count(l.bytes) FILTER (WHERE l.of_peak_trace) AS allocations
+  FROM peak p LEFT JOIN live_roles l
+    ON l.rank = p.rank AND l.device_type = p.device_type AND l.device IS NOT DISTINCT FROM p.device
+  GROUP BY p.rank, p.device_type, p.device, p.live_bytes, p.live_allocations
 ),
 by_role AS (
-  SELECT rank, device_type, device, role, sum(bytes)::BIGINT AS live_bytes, count(*) AS allocations
-  FROM live GROUP BY ALL
+  SELECT rank, device_type, device, role, sum(live_bytes)::BIGINT AS live_bytes, sum(allocations) AS allocations
+  FROM (SELECT rank, device_type, device, role, bytes AS live_bytes, 1 AS allocations FROM live_roles
+        UNION ALL SELECT rank, device_type, device, role, live_bytes, allocations FROM unstored)
+  GROUP BY ALL
 ),
 recorded AS (
   SELECT r.rank, r.device_type, r.role::VARCHAR AS role, sum(r.bytes)::BIGINT AS recorded_bytes
@@ -282,7 +305,7 @@ untracked AS (
 )
 SELECT $run AS run, p.rank, p.device_type, p.device, p.peak_ts_ns, roles.role,
        coalesce(u.live_bytes, 0)::BIGINT AS live_bytes,
-       CASE WHEN roles.role <> 'untracked' THEN coalesce(u.allocations, 0) END AS allocations,
+       CASE WHEN roles.role <> 'untracked' THEN coalesce(u.allocations, 0)::BIGINT END AS allocations,
        c.recorded_bytes
 FROM peak p
 CROSS JOIN (VALUES ('parameter'), ('gradient'), ('optimizer_state'), ('other'), ('untracked')) roles(role)
@@ -299,18 +322,34 @@ def role_allocations(store: SQLStore, run: str, ranks: Sequence[int] | None = No
     """Per rank, device, step and role: the recorded allocations labelled with the role, their
     count and bytes. Gradients re-allocated every step show up here step by step; parameters and
     optimizer state allocated before the trace do not (``roles_at_peak.recorded_bytes`` has
-    them). :class:`Absent` when no role was recorded."""
+    them). :class:`Absent` when no role was recorded. ``other`` is each step's allocations
+    (``rank_memory_steps``) less those in a role (every allocation that can hold one is stored)."""
     ranks_sql, params = _params(run, ranks)
     if not _has_roles(store, ranks_sql, params):
         return Absent(NO_ROLES)
     query = f"""
-WITH {_ALLOCS_CTES.format(memory=memory_cte(ranks_sql))},
-{_ROLE_CTES}
-SELECT $run AS run, a.rank, a.device_type, a.device, a.step, coalesce(r.role, 'other') AS role,
-       count(*) AS allocations, sum(a.bytes)::BIGINT AS bytes
-FROM allocs a LEFT JOIN alloc_role r USING (mid)
-GROUP BY ALL
-ORDER BY a.rank, a.device_type, a.device, a.step NULLS LAST, role
+WITH {_stored_ctes(ranks_sql)},
+in_role AS (
+  SELECT a.rank, a.device_type, a.device, a.step, r.role, count(*) AS allocations, sum(a.bytes)::BIGINT AS bytes
+  FROM allocs a JOIN alloc_role r USING (source, memory_index)
+  GROUP BY ALL
+),
+per_step AS (
+  SELECT rank, device_type, device, step, sum(allocations) AS allocations, sum(bytes) AS bytes
+  FROM rank_memory_steps WHERE run = $run AND {ranks_sql} GROUP BY ALL
+),
+other AS (
+  SELECT t.rank, t.device_type, t.device, t.step, 'other' AS role,
+         (t.allocations - coalesce(sum(i.allocations), 0))::BIGINT AS allocations,
+         (t.bytes - coalesce(sum(i.bytes), 0))::BIGINT AS bytes
+  FROM per_step t LEFT JOIN in_role i
+    ON i.rank = t.rank AND i.device_type IS NOT DISTINCT FROM t.device_type
+   AND i.device IS NOT DISTINCT FROM t.device AND i.step IS NOT DISTINCT FROM t.step
+  GROUP BY t.rank, t.device_type, t.device, t.step, t.allocations, t.bytes
+)
+SELECT $run AS run, rank, device_type, device, step, role, allocations, bytes
+FROM (SELECT * FROM in_role UNION ALL BY NAME SELECT * FROM other WHERE allocations > 0)
+ORDER BY rank, device_type, device, step NULLS LAST, role
 """
     return store.sql(query, params)
 

@@ -313,6 +313,76 @@ RANK_MEMORY_PEAKS = pa.schema(
 )
 """Each rank's memory peak per device and step (``stepscope.store.rankstats.memory``)."""
 
+RANK_LAUNCHES = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("launches", pa.int64(), nullable=False),
+        pa.field("launch_ns", pa.int64()),
+        pa.field("launched_gpu_ns", pa.int64()),
+        pa.field("short_launches", pa.int64(), nullable=False),
+        pa.field("median_launch_delay_ns", pa.float64()),
+    ]
+)
+"""Each rank's launch calls against the GPU work they launched (``stepscope.store.rankstats.kernels``)."""
+
+RANK_MEMORY_LIVE = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("device_type", pa.int64()),
+        pa.field("device", pa.int64()),
+        pa.field("first_ts_ns", pa.int64()),
+        pa.field("last_ts_ns", pa.int64()),
+        pa.field("peak_ts_ns", pa.int64()),
+        pa.field("peak_allocated_bytes", pa.int64()),
+        pa.field("live_allocations", pa.int64(), nullable=False),
+        pa.field("live_bytes", pa.int64(), nullable=False),
+    ]
+)
+"""Each rank's highest memory peak per device and what is live at it (``stepscope.store.rankstats.memory``)."""
+
+RANK_MEMORY_STEPS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("device_type", pa.int64()),
+        pa.field("device", pa.int64()),
+        pa.field("step", pa.int64()),
+        pa.field("allocations", pa.int64(), nullable=False),
+        pa.field("bytes", pa.int64()),
+    ]
+)
+"""Each rank's allocations per device and step (``stepscope.store.rankstats.memory``)."""
+
+RANK_MEMORY_ALLOCATIONS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("memory_index", pa.int64(), nullable=False),
+        pa.field("device_type", pa.int64()),
+        pa.field("device", pa.int64()),
+        pa.field("addr", pa.int64()),
+        pa.field("bytes", pa.int64()),
+        pa.field("step", pa.int64()),
+        pa.field("alloc_ts_ns", pa.int64()),
+        pa.field("free_ts_ns", pa.int64()),
+        pa.field("allocated_by", pa.list_(pa.string())),
+    ]
+)
+"""Each rank's largest allocations, those live at its peak and those that may hold a role
+(``stepscope.store.rankstats.memory``)."""
+
+RANK_MEMORY_CURVE = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("device_type", pa.int64()),
+        pa.field("device", pa.int64()),
+        pa.field("bucket", pa.int64(), nullable=False),
+        pa.field("ts_ns", pa.int64()),
+        pa.field("total_allocated", pa.int64()),
+        pa.field("total_reserved", pa.int64()),
+        pa.field("rebuilt", pa.bool_()),
+    ]
+)
+"""Each rank's allocator curve per device in bounded time buckets (``stepscope.store.rankstats.memory``)."""
+
 
 @dataclass(frozen=True)
 class Table:
@@ -344,6 +414,11 @@ TABLES: dict[str, Table] = {
         Table("rank_kernels", RANK_KERNELS, "one row per GPU activity name of a rank (computed at ingest)"),
         Table("rank_cpu_ops", RANK_CPU_OPS, "one row per CPU operator name of a rank, with self time (computed at ingest)"),
         Table("rank_memory_peaks", RANK_MEMORY_PEAKS, "one row per device and step of a rank: its memory peak (computed at ingest)"),
+        Table("rank_launches", RANK_LAUNCHES, "one row per trace of a rank: its launch calls against the GPU work they launched (computed at ingest)"),
+        Table("rank_memory_live", RANK_MEMORY_LIVE, "one row per device of a rank: its highest memory peak and the allocations live at it (computed at ingest)"),
+        Table("rank_memory_steps", RANK_MEMORY_STEPS, "one row per device and step of a rank: its allocations (computed at ingest)"),
+        Table("rank_memory_allocations", RANK_MEMORY_ALLOCATIONS, "a rank's largest allocations, those live at its peak and those that may hold a role (computed at ingest)"),
+        Table("rank_memory_curve", RANK_MEMORY_CURVE, "one row per device and time bucket of a rank: its allocator curve, bounded (computed at ingest)"),
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""

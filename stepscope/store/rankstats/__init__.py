@@ -20,6 +20,10 @@ it has not been stored); it imports neither, nor torch, nor streamlit.
   ``rank_step_gpu``, ``rank_step_host`` (each step's parts) and ``rank_comm_spans`` (where its
   exposed communication lies, for the cross-rank split into waiting and transfer).
 - ``reduce.py``: the registry of per-rank tables and the run of all of them over one trace.
+- ``kernels.py``: also each trace's launch totals (table ``rank_launches``).
+- ``memory.py``: also the device's highest peak and what is live at it, the allocations per step,
+  the allocations the memory answers can need, and the bounded allocator curve (tables
+  ``rank_memory_live``, ``rank_memory_steps``, ``rank_memory_allocations``, ``rank_memory_curve``).
 """
 
 from stepscope.store.rankstats.reduce import TABLES, RankTable, params, prepare, trace_views  # noqa: E402

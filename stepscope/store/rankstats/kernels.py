@@ -84,3 +84,27 @@ SELECT * FROM _agg ORDER BY total_ns DESC, name
 """
 """The ``rank_cpu_ops`` rows of one trace: its ``cpu_op`` events by name (``ProfilerStep#N`` left
 out) with inclusive, self and synchronisation time."""
+
+RANK_LAUNCHES = f"""
+WITH
+    _gpu AS (
+        SELECT source, correlation, min(ts_ns) AS gpu_start, sum(dur_ns) AS gpu_ns
+        FROM events
+        WHERE run = $run AND kind IN {GPU_KINDS_SQL} AND dur_ns IS NOT NULL AND correlation IS NOT NULL
+        GROUP BY source, correlation
+    ),
+    _launch AS (
+        SELECT r.source, r.ts_ns, r.dur_ns, g.gpu_start, g.gpu_ns
+        FROM events r JOIN _gpu g ON r.source = g.source AND r.correlation = g.correlation
+        WHERE r.run = $run AND r.kind IN ('cuda_runtime', 'cuda_driver') AND r.dur_ns IS NOT NULL
+    )
+SELECT source, count(*) AS launches, sum(dur_ns)::BIGINT AS launch_ns, sum(gpu_ns)::BIGINT AS launched_gpu_ns,
+       count(*) FILTER (WHERE gpu_ns < dur_ns) AS short_launches,
+       quantile_cont(gpu_start - ts_ns, 0.5) AS median_launch_delay_ns
+FROM _launch GROUP BY source
+"""
+"""The ``rank_launches`` row of one trace: its launch calls (``cuda_runtime``/``cuda_driver``
+events whose correlation id matches GPU work) against the GPU work they launched. The median is
+``stepscope.analysis.quantiles``' rule (``quantile_cont`` at 0.5: the mean of the two middle
+values for an even count); written here as DuckDB's aggregate because this package sits below
+the analysis layer."""

@@ -18,6 +18,9 @@ from stepscope.store.rankstats.collectives import RANK_COLLECTIVES, RANK_HIDING_
 from stepscope.store.rankstats.copies import RANK_COPIES
 from stepscope.store.rankstats.kernels import RANK_CPU_OPS, RANK_KERNELS
 from stepscope.store.rankstats.memory import RANK_MEMORY_PEAKS
+from stepscope.store.rankstats.kernels import RANK_LAUNCHES
+from stepscope.store.rankstats.memory import (RANK_MEMORY_ALLOCATIONS, RANK_MEMORY_CURVE, RANK_MEMORY_LIVE,
+                                              RANK_MEMORY_STEPS)
 from stepscope.store.rankstats.parts import GPU, HOST
 
 
@@ -40,6 +43,11 @@ TABLES: tuple[RankTable, ...] = (
     RankTable("rank_kernels", RANK_KERNELS),
     RankTable("rank_cpu_ops", RANK_CPU_OPS),
     RankTable("rank_memory_peaks", RANK_MEMORY_PEAKS),
+    RankTable("rank_launches", RANK_LAUNCHES),
+    RankTable("rank_memory_live", RANK_MEMORY_LIVE),
+    RankTable("rank_memory_steps", RANK_MEMORY_STEPS),
+    RankTable("rank_memory_allocations", RANK_MEMORY_ALLOCATIONS),
+    RankTable("rank_memory_curve", RANK_MEMORY_CURVE),
 )
 """Every per-rank table, in the order they are written."""
 
