@@ -313,6 +313,43 @@ RANK_MEMORY_PEAKS = pa.schema(
 )
 """Each rank's memory peak per device and step (``stepscope.store.rankstats.memory``)."""
 
+RANK_P2P = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("step", pa.int64()),
+        pa.field("ts_ns", pa.int64(), nullable=False),
+        pa.field("dur_ns", pa.int64()),
+        pa.field("send", pa.bool_(), nullable=False),
+        pa.field("peer_index", pa.int64()),
+        pa.field("bytes", pa.int64()),
+    ]
+)
+"""Each rank's point-to-point transfers (``stepscope.store.rankstats.pipeline``)."""
+
+RANK_PIPELINE_ACTIONS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("ts_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("stage", pa.int64(), nullable=False),
+        pa.field("action", pa.string(), nullable=False),
+        pa.field("microbatch", pa.int64(), nullable=False),
+    ]
+)
+"""Each rank's runtime-schedule actions (``stepscope.store.rankstats.pipeline``)."""
+
+RANK_PIPELINE_WORK = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("issue_ns", pa.int64(), nullable=False),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("phase", pa.string(), nullable=False),
+        pa.field("on_gpu", pa.bool_(), nullable=False),
+    ]
+)
+"""Each pipeline rank's work items with their phase (``stepscope.store.rankstats.pipeline``)."""
+
 
 @dataclass(frozen=True)
 class Table:
@@ -344,6 +381,9 @@ TABLES: dict[str, Table] = {
         Table("rank_kernels", RANK_KERNELS, "one row per GPU activity name of a rank (computed at ingest)"),
         Table("rank_cpu_ops", RANK_CPU_OPS, "one row per CPU operator name of a rank, with self time (computed at ingest)"),
         Table("rank_memory_peaks", RANK_MEMORY_PEAKS, "one row per device and step of a rank: its memory peak (computed at ingest)"),
+        Table("rank_p2p", RANK_P2P, "one row per point-to-point transfer of a rank (computed at ingest)"),
+        Table("rank_pipeline_actions", RANK_PIPELINE_ACTIONS, "one row per runtime-schedule action of a rank (computed at ingest)"),
+        Table("rank_pipeline_work", RANK_PIPELINE_WORK, "one row per work item of a pipeline rank, with its phase (computed at ingest)"),
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""

@@ -20,6 +20,9 @@ it has not been stored); it imports neither, nor torch, nor streamlit.
   ``rank_step_gpu``, ``rank_step_host`` (each step's parts) and ``rank_comm_spans`` (where its
   exposed communication lies, for the cross-rank split into waiting and transfer).
 - ``reduce.py``: the registry of per-rank tables and the run of all of them over one trace.
+- ``pipeline.py``: each rank's point-to-point transfers, runtime-schedule actions and (on a
+  pipeline rank) work items with their phase (tables ``rank_p2p``, ``rank_pipeline_actions``,
+  ``rank_pipeline_work``), which the pipeline analysis cuts into microbatch spans.
 """
 
 from stepscope.store.rankstats.reduce import TABLES, RankTable, params, prepare, trace_views  # noqa: E402

@@ -19,6 +19,7 @@ from stepscope.store.rankstats.copies import RANK_COPIES
 from stepscope.store.rankstats.kernels import RANK_CPU_OPS, RANK_KERNELS
 from stepscope.store.rankstats.memory import RANK_MEMORY_PEAKS
 from stepscope.store.rankstats.parts import GPU, HOST
+from stepscope.store.rankstats.pipeline import RANK_P2P, RANK_PIPELINE_ACTIONS, RANK_PIPELINE_WORK
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ TABLES: tuple[RankTable, ...] = (
     RankTable("rank_kernels", RANK_KERNELS),
     RankTable("rank_cpu_ops", RANK_CPU_OPS),
     RankTable("rank_memory_peaks", RANK_MEMORY_PEAKS),
+    RankTable("rank_p2p", RANK_P2P),
+    RankTable("rank_pipeline_actions", RANK_PIPELINE_ACTIONS),
+    RankTable("rank_pipeline_work", RANK_PIPELINE_WORK),
 )
 """Every per-rank table, in the order they are written."""
 
