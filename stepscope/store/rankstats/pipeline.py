@@ -31,7 +31,7 @@ ACTION = r"^PP:(\d+)([FBIW])(\d+)$"
 """A compute action of torch's runtime schedules: stage, kind, microbatch."""
 
 _P2P_SQL = f"e.kind = 'cpu_op' AND e.name IN {sql_list(P2P_OPS)}"
-_ACTION_SQL = f"e.kind = 'user_annotation' AND e.dur_ns IS NOT NULL AND regexp_matches(e.name, '{ACTION}')"
+_ACTION_SQL = f"e.kind = 'user_annotation' AND e.dur_ns IS NOT NULL AND e.name LIKE 'PP:%' AND regexp_matches(e.name, '{ACTION}')"
 
 RANK_P2P = f"""
 SELECT e.source, e.step, e.ts_ns, e.dur_ns, e.name = 'c10d::send' AS send,
@@ -53,23 +53,24 @@ ORDER BY e.ts_ns, e.dur_ns
 """The ``rank_pipeline_actions`` rows of one trace: its schedule's actions in time order."""
 
 RANK_PIPELINE_WORK = f"""
-WITH staged AS (
-  SELECT count(*) > 0 AS yes FROM events e WHERE e.run = $run AND (({_P2P_SQL}) OR ({_ACTION_SQL}))
+WITH staged AS MATERIALIZED (
+  -- the trace's source when it has a transfer or an action, else no row: joined first, so that
+  -- DuckDB skips most of the scans below on every other trace (a scalar flag would not)
+  SELECT DISTINCT e.source FROM events e WHERE e.run = $run AND (({_P2P_SQL}) OR ({_ACTION_SQL}))
 ),
 on_gpu AS (SELECT count(*) > 0 AS yes FROM events WHERE run = $run AND kind = 'kernel'),
 items AS MATERIALIZED (
   SELECT e.source, e.pid, e.tid, e.ts_ns AS issue_ns, e.ts_ns AS start_ns, e.ts_ns + e.dur_ns AS end_ns,
          FALSE AS on_gpu
-  FROM events e
+  FROM staged s JOIN events e ON e.source = s.source
   WHERE e.run = $run AND e.kind = 'cpu_op' AND e.category IS DISTINCT FROM 'communication'
-    AND e.name NOT LIKE 'ProfilerStep#%' AND e.dur_ns IS NOT NULL
-    AND (SELECT yes FROM staged) AND NOT (SELECT yes FROM on_gpu)
+    AND e.name NOT LIKE 'ProfilerStep#%' AND e.dur_ns IS NOT NULL AND NOT (SELECT yes FROM on_gpu)
   UNION ALL
   SELECT l.source, l.pid, l.tid, l.ts_ns, e.ts_ns, e.ts_ns + e.dur_ns, TRUE
-  FROM events e JOIN events l
+  FROM staged s JOIN events e ON e.source = s.source JOIN events l
     ON l.run = $run AND l.source = e.source AND l.correlation = e.correlation
    AND l.kind IN ('cuda_runtime', 'cuda_driver')
-  WHERE e.run = $run AND e.kind = 'kernel' AND e.category = 'compute' AND e.dur_ns > 0 AND (SELECT yes FROM staged)
+  WHERE e.run = $run AND e.kind = 'kernel' AND e.category = 'compute' AND e.dur_ns > 0
 ),
 points AS (
   SELECT row_number() OVER (ORDER BY issue_ns, start_ns, end_ns) AS point_id, source, pid, tid,
