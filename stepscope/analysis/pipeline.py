@@ -61,8 +61,10 @@ Item = tuple[int, int, int, str]
 @cached_frame("pipeline_items")
 def work_items(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """The work items of every pipeline rank (module docs): ``rank, issue_ns, start_ns, end_ns,
-    phase``, from ``rank_pipeline_work`` (each trace's items, stored at ingest). A rank with GPU
-    work in any of its traces counts only its kernels: its CPU ops are not its stage's work."""
+    phase``, from ``rank_pipeline_work`` (each trace's items, stored at ingest). A rank with kernel
+    items in any of its traces counts only those: its CPU ops are not its stage's work (before the
+    table, a rank with any kernel at all; the two differ only for a rank with one trace whose
+    kernels were never launched in it and another trace with no kernel)."""
     rf, extra = rank_filter(ranks, "w.rank")
     return store.sql(f"""
         SELECT w.rank, w.issue_ns, w.start_ns, w.end_ns, w.phase
