@@ -31,7 +31,8 @@ from stepscope.store import open_store
 from stepscope.store.ingest import ingest_paths
 from stepscope.store.rankstats.phase import phase_cte
 from tests._intervals import load_trace, to_ns
-from tests.test_pipeline import RUNS, SAMPLES, _gpu_rank
+from tests.conftest import load_raw
+from tests.test_pipeline import RUNS, SAMPLES, _gpu_rank, pp_store  # noqa: F401 - pp_store: the module fixture
 
 NEW_TABLES = ("rank_p2p", "rank_pipeline_actions", "rank_pipeline_work")
 
@@ -46,15 +47,6 @@ SHARED = [
 @pytest.fixture(autouse=True)
 def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STEPSCOPE_NO_CACHE", "1")
-
-
-@pytest.fixture(scope="module")
-def pp_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("pp")
-    for folder in RUNS:
-        report = ingest_paths([SAMPLES / folder], root, folder)
-        assert report.ok, report.errors
-    return root
 
 
 # ---- the independent side: the raw JSON ----
@@ -141,9 +133,9 @@ def _assert_tables_hold_the_trace(store: Any, run: str, paths: Sequence[Path]) -
 
 
 @pytest.mark.parametrize("folder", list(RUNS))
-def test_pipeline_tables_hold_what_the_events_say(pp_root: Path, folder: str) -> None:
+def test_pipeline_tables_hold_what_the_events_say(pp_store: Any, folder: str) -> None:
     paths = sorted((SAMPLES / folder).glob("rank*.pt.trace.json.gz"))
-    _assert_tables_hold_the_trace(open_store(pp_root), folder, paths)
+    _assert_tables_hold_the_trace(pp_store, folder, paths)
 
 
 def _pp_group_pipeline(make_trace: Callable[..., Path]) -> list[Path]:
@@ -190,7 +182,7 @@ def test_actions_without_transfers_still_store_the_work(make_trace: Callable[...
 @pytest.mark.shared
 @pytest.mark.parametrize("relative", SHARED, ids=[t.split("/")[-2] for t in SHARED])
 def test_shared_traces_have_no_pipeline_rows(ingested: Callable[[str], Path], shared_traces: Path, relative: str) -> None:
-    doc = load_trace(shared_traces / relative)
+    doc = load_raw(shared_traces / relative)
     names = {e.get("name") for e in doc["traceEvents"]}
     assert not names & {"c10d::send", "c10d::recv_"} and not any(re.match(r"^PP:\d+[FBIW]\d+$", n or "") for n in names)
     store = open_store(ingested(relative))
@@ -220,9 +212,9 @@ def _answers(root: Path) -> dict[str, Any]:
             "schedule": result.schedule}
 
 
-def test_a_version_2_store_is_refused_until_migrated(pp_root: Path, tmp_path: Path, capsys: Any) -> None:
+def test_a_version_2_store_is_refused_until_migrated(pp_store: Any, tmp_path: Path, capsys: Any) -> None:
     root = tmp_path / "store"
-    shutil.copytree(pp_root, root, ignore=shutil.ignore_patterns("cache"))
+    shutil.copytree(pp_store.root, root, ignore=shutil.ignore_patterns("cache"))
     before = _answers(root)
     _downgrade_to_2(root)
     with pytest.raises(StoreError, match=r"schema version 2, older .*stepscope migrate --store"):
