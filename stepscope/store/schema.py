@@ -321,7 +321,6 @@ RANK_P2P = pa.schema(
         pa.field("dur_ns", pa.int64()),
         pa.field("send", pa.bool_(), nullable=False),
         pa.field("peer_index", pa.int64()),
-        pa.field("bytes", pa.int64()),
     ]
 )
 """Each rank's point-to-point transfers (``stepscope.store.rankstats.pipeline``)."""

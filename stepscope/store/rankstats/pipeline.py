@@ -35,7 +35,7 @@ _ACTION_SQL = f"e.kind = 'user_annotation' AND e.dur_ns IS NOT NULL AND e.name L
 
 RANK_P2P = f"""
 SELECT e.source, e.step, e.ts_ns, e.dur_ns, e.name = 'c10d::send' AS send,
-       TRY_CAST(json_extract_string(e.args, '$."Concrete Inputs"[2]') AS BIGINT) AS peer_index, e.bytes
+       TRY_CAST(json_extract_string(e.args, '$."Concrete Inputs"[2]') AS BIGINT) AS peer_index
 FROM events e
 WHERE e.run = $run AND {_P2P_SQL} AND e.ts_ns IS NOT NULL
 ORDER BY e.ts_ns, e.dur_ns
