@@ -47,7 +47,6 @@ from stepscope.analysis.findings import Finding, Results, Severity, rule
 from stepscope.analysis.pipeline_stages import Pipeline, p2p_transfers, pipelines, schedule_actions
 from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore, section
-from stepscope.store.rankstats.phase import phase_cte
 
 GPIPE, ONE_F_ONE_B, INTERLEAVED, ZERO_BUBBLE, UNKNOWN = "gpipe", "1f1b", "interleaved", "zero_bubble", "unknown"
 """Values of ``pipeline.schedule``."""
@@ -61,34 +60,19 @@ Item = tuple[int, int, int, str]
 
 @cached_frame("pipeline_items")
 def work_items(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
-    """The work items of every rank (module docs): ``rank, issue_ns, start_ns, end_ns, phase``."""
-    rf, extra = rank_filter(ranks, "e.rank")
-    query = f"""
-        WITH gpu_ranks AS (SELECT DISTINCT rank FROM events WHERE run = $run AND kind = 'kernel'),
-        items AS MATERIALIZED (
-          SELECT e.rank, e.source, e.pid, e.tid, e.ts_ns AS issue_ns, e.ts_ns AS start_ns, e.ts_ns + e.dur_ns AS end_ns
-          FROM events e
-          WHERE e.run = $run AND e.kind = 'cpu_op' AND e.category IS DISTINCT FROM 'communication'
-            AND e.name NOT LIKE 'ProfilerStep#%' AND e.dur_ns IS NOT NULL AND {rf}
-            AND e.rank NOT IN (SELECT rank FROM gpu_ranks)
-          UNION ALL
-          SELECT e.rank, l.source, l.pid, l.tid, l.ts_ns, e.ts_ns, e.ts_ns + e.dur_ns
-          FROM events e JOIN events l
-            ON l.run = $run AND l.rank = e.rank AND l.source = e.source AND l.correlation = e.correlation
-           AND l.kind IN ('cuda_runtime', 'cuda_driver')
-          WHERE e.run = $run AND e.kind = 'kernel' AND e.category = 'compute' AND e.dur_ns > 0 AND {rf}
-        ),
-        points AS (
-          SELECT row_number() OVER (ORDER BY rank, issue_ns, start_ns, end_ns) AS point_id, rank, source, pid, tid,
-                 issue_ns AS ts_ns, start_ns, end_ns
-          FROM items
-        ),
-        {phase_cte("points", "ph")}
-        SELECT p.rank, p.ts_ns AS issue_ns, p.start_ns, p.end_ns, ph.phase
-        FROM points p JOIN ph USING (point_id)
-        ORDER BY p.rank, p.ts_ns, p.start_ns
-    """
-    return store.sql(query, {"run": run, **extra})
+    """The work items of every pipeline rank (module docs): ``rank, issue_ns, start_ns, end_ns,
+    phase``, from ``rank_pipeline_work`` (each trace's items, stored at ingest). A rank with kernel
+    items in any of its traces counts only those: its CPU ops are not its stage's work (before the
+    table, a rank with any kernel at all; the two differ only for a rank with one trace whose
+    kernels were never launched in it and another trace with no kernel)."""
+    rf, extra = rank_filter(ranks, "w.rank")
+    return store.sql(f"""
+        SELECT w.rank, w.issue_ns, w.start_ns, w.end_ns, w.phase
+        FROM rank_pipeline_work w
+        WHERE w.run = $run AND {rf}
+          AND (w.on_gpu OR w.rank NOT IN (SELECT rank FROM rank_pipeline_work WHERE run = $run AND on_gpu))
+        ORDER BY w.rank, w.issue_ns, w.start_ns, w.end_ns
+    """, {"run": run, **extra})
 
 
 # ---- chunks, spans and bubbles of one stage in one step ----

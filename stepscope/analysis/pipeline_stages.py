@@ -27,14 +27,8 @@ from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.sections import SQLStore
 
-P2P_OPS = ("c10d::send", "c10d::recv_")
-"""Host ops of point-to-point transfers; ``Concrete Inputs[2]`` is the peer (group rank)."""
-
 PP_GROUP = r"(^|[^a-z])(pp|pipe|pipeline)([^a-z]|$)"
 """A process group whose description names it a pipeline group (``mesh_pp``, ``pp``, ``pipeline``)."""
-
-ACTION = r"^PP:(\d+)([FBIW])(\d+)$"
-"""A compute action of torch's runtime schedules: stage, kind, microbatch."""
 
 NO_P2P = "no point-to-point transfers (c10d::send / c10d::recv_) between traced ranks: no pipeline parallelism seen"
 NO_PEERS = ("the point-to-point transfers record no peer rank (Concrete Inputs: torch >= 2.1 with record_shapes=True): "
@@ -44,8 +38,10 @@ NO_PEERS = ("the point-to-point transfers record no peer rank (Concrete Inputs: 
 @cached_frame("pipeline_transfers")
 def p2p_transfers(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """Every point-to-point host op of the run: ``rank, step, ts_ns, dur_ns, send`` (true for a
-    send), ``peer`` (the global rank of the other side, null when not recorded)."""
-    rf, extra = rank_filter(ranks, "e.rank")
+    send), ``peer`` (the global rank of the other side, null when not recorded). Read from
+    ``rank_p2p`` (each trace's transfers, stored at ingest), the peer mapped here because the
+    process groups are the run's (``sources``)."""
+    rf, extra = rank_filter(ranks, "o.rank")
     return store.sql(f"""
         WITH groups AS (
           SELECT s.rank, u.pg.pg_desc AS pg_desc, u.pg.ranks AS pg_ranks
@@ -57,18 +53,13 @@ def p2p_transfers(store: SQLStore, run: str, ranks: Sequence[int] | None = None)
           SELECT rank, any_value(pg_ranks) AS pg_ranks FROM groups
           WHERE regexp_matches(pg_desc, $pp_group, 'i') AND list_contains(pg_ranks, rank)
           GROUP BY rank HAVING count(*) = 1
-        ),
-        ops AS (
-          SELECT e.rank, e.step, e.ts_ns, e.dur_ns, e.name = 'c10d::send' AS send,
-                 TRY_CAST(json_extract_string(e.args, '$."Concrete Inputs"[2]') AS BIGINT) AS peer_index
-          FROM events e
-          WHERE e.run = $run AND e.kind = 'cpu_op' AND list_contains($p2p, e.name) AND e.ts_ns IS NOT NULL AND {rf}
         )
         SELECT o.rank, o.step, o.ts_ns, o.dur_ns, o.send,
                CASE WHEN pp.pg_ranks IS NULL THEN o.peer_index ELSE pp.pg_ranks[o.peer_index + 1] END AS peer
-        FROM ops o LEFT JOIN pp USING (rank)
+        FROM rank_p2p o LEFT JOIN pp USING (rank)
+        WHERE o.run = $run AND {rf}
         ORDER BY o.rank, o.ts_ns
-    """, {"run": run, "p2p": list(P2P_OPS), "pp_group": PP_GROUP, **extra})
+    """, {"run": run, "pp_group": PP_GROUP, **extra})
 
 
 @dataclass(frozen=True)
@@ -151,13 +142,12 @@ def _walk(edges: dict[int, set[int]], head: int) -> list[int]:
 @cached_frame("pipeline_actions")
 def schedule_actions(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """Every schedule action annotation of the run: ``rank, ts_ns, end_ns, stage, action``
-    (``F``, ``B``, ``I``, ``W``), ``microbatch``; empty when the schedules annotate none."""
+    (``F``, ``B``, ``I``, ``W``), ``microbatch``; empty when the schedules annotate none
+    (``rank_pipeline_actions``, stored at ingest)."""
     rf, extra = rank_filter(ranks)
     return store.sql(f"""
-        SELECT rank, ts_ns, ts_ns + dur_ns AS end_ns,
-               regexp_extract(name, $action, 1)::BIGINT AS stage, regexp_extract(name, $action, 2) AS action,
-               regexp_extract(name, $action, 3)::BIGINT AS microbatch
-        FROM events
-        WHERE run = $run AND kind = 'user_annotation' AND dur_ns IS NOT NULL AND regexp_matches(name, $action) AND {rf}
+        SELECT rank, ts_ns, end_ns, stage, action, microbatch
+        FROM rank_pipeline_actions
+        WHERE run = $run AND {rf}
         ORDER BY rank, ts_ns
-    """, {"run": run, "action": ACTION, **extra})
+    """, {"run": run, **extra})

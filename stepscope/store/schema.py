@@ -382,6 +382,41 @@ RANK_MEMORY_CURVE = pa.schema(
     ]
 )
 """Each rank's allocator curve per device in bounded time buckets (``stepscope.store.rankstats.memory``)."""
+RANK_P2P = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("step", pa.int64()),
+        pa.field("ts_ns", pa.int64(), nullable=False),
+        pa.field("dur_ns", pa.int64()),
+        pa.field("send", pa.bool_(), nullable=False),
+        pa.field("peer_index", pa.int64()),
+    ]
+)
+"""Each rank's point-to-point transfers (``stepscope.store.rankstats.pipeline``)."""
+
+RANK_PIPELINE_ACTIONS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("ts_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("stage", pa.int64(), nullable=False),
+        pa.field("action", pa.string(), nullable=False),
+        pa.field("microbatch", pa.int64(), nullable=False),
+    ]
+)
+"""Each rank's runtime-schedule actions (``stepscope.store.rankstats.pipeline``)."""
+
+RANK_PIPELINE_WORK = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("issue_ns", pa.int64(), nullable=False),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("phase", pa.string(), nullable=False),
+        pa.field("on_gpu", pa.bool_(), nullable=False),
+    ]
+)
+"""Each pipeline rank's work items with their phase (``stepscope.store.rankstats.pipeline``)."""
 
 
 @dataclass(frozen=True)
@@ -419,6 +454,9 @@ TABLES: dict[str, Table] = {
         Table("rank_memory_steps", RANK_MEMORY_STEPS, "one row per device and step of a rank: its allocations (computed at ingest)"),
         Table("rank_memory_allocations", RANK_MEMORY_ALLOCATIONS, "a rank's largest allocations, those live at its peak and those that may hold a role (computed at ingest)"),
         Table("rank_memory_curve", RANK_MEMORY_CURVE, "one row per device and time bucket of a rank: its allocator curve, bounded (computed at ingest)"),
+        Table("rank_p2p", RANK_P2P, "one row per point-to-point transfer of a rank (computed at ingest)"),
+        Table("rank_pipeline_actions", RANK_PIPELINE_ACTIONS, "one row per runtime-schedule action of a rank (computed at ingest)"),
+        Table("rank_pipeline_work", RANK_PIPELINE_WORK, "one row per work item of a pipeline rank, with its phase (computed at ingest)"),
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""

@@ -24,6 +24,9 @@ it has not been stored); it imports neither, nor torch, nor streamlit.
 - ``memory.py``: also the device's highest peak and what is live at it, the allocations per step,
   the allocations the memory answers can need, and the bounded allocator curve (tables
   ``rank_memory_live``, ``rank_memory_steps``, ``rank_memory_allocations``, ``rank_memory_curve``).
+- ``pipeline.py``: each rank's point-to-point transfers, runtime-schedule actions and (on a
+  pipeline rank) work items with their phase (tables ``rank_p2p``, ``rank_pipeline_actions``,
+  ``rank_pipeline_work``), which the pipeline analysis cuts into microbatch spans.
 """
 
 from stepscope.store.rankstats.reduce import TABLES, RankTable, params, prepare, trace_views  # noqa: E402

@@ -22,6 +22,7 @@ from stepscope.store.rankstats.kernels import RANK_LAUNCHES
 from stepscope.store.rankstats.memory import (RANK_MEMORY_ALLOCATIONS, RANK_MEMORY_CURVE, RANK_MEMORY_LIVE,
                                               RANK_MEMORY_STEPS)
 from stepscope.store.rankstats.parts import GPU, HOST
+from stepscope.store.rankstats.pipeline import RANK_P2P, RANK_PIPELINE_ACTIONS, RANK_PIPELINE_WORK
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ TABLES: tuple[RankTable, ...] = (
     RankTable("rank_memory_steps", RANK_MEMORY_STEPS),
     RankTable("rank_memory_allocations", RANK_MEMORY_ALLOCATIONS),
     RankTable("rank_memory_curve", RANK_MEMORY_CURVE),
+    RankTable("rank_p2p", RANK_P2P),
+    RankTable("rank_pipeline_actions", RANK_PIPELINE_ACTIONS),
+    RankTable("rank_pipeline_work", RANK_PIPELINE_WORK),
 )
 """Every per-rank table, in the order they are written."""
 
