@@ -313,6 +313,39 @@ RANK_MEMORY_PEAKS = pa.schema(
 )
 """Each rank's memory peak per device and step (``stepscope.store.rankstats.memory``)."""
 
+RANK_FLOP_OPS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("pid", pa.int64()),
+        pa.field("tid", pa.int64()),
+        pa.field("step", pa.int64()),
+        pa.field("name", pa.string()),
+        pa.field("family", _STR),
+        pa.field("leaf", pa.bool_()),
+        pa.field("ts_ns", pa.int64()),
+        pa.field("dur_ns", pa.int64()),
+        pa.field("flops", pa.int64()),
+        pa.field("flops_source", _STR),
+        pa.field("dtype", _STR),
+        pa.field("counted", pa.bool_()),
+        pa.field("reason", pa.string()),
+        pa.field("gpu_ns", pa.int64()),
+        pa.field("kernels", pa.int64()),
+        pa.field("tf32", pa.bool_()),
+    ]
+)
+"""Each rank's ops of a FLOP family with their FLOPs, counted once (``stepscope.store.rankstats.flops``)."""
+
+RANK_FLOP_TRACES = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("shapes", pa.bool_()),
+        pa.field("kernels", pa.bool_()),
+        pa.field("launches", pa.bool_()),
+    ]
+)
+"""What FLOP counting needs to know of each trace of a rank (``stepscope.store.rankstats.flops``)."""
+
 
 @dataclass(frozen=True)
 class Table:
@@ -344,6 +377,8 @@ TABLES: dict[str, Table] = {
         Table("rank_kernels", RANK_KERNELS, "one row per GPU activity name of a rank (computed at ingest)"),
         Table("rank_cpu_ops", RANK_CPU_OPS, "one row per CPU operator name of a rank, with self time (computed at ingest)"),
         Table("rank_memory_peaks", RANK_MEMORY_PEAKS, "one row per device and step of a rank: its memory peak (computed at ingest)"),
+        Table("rank_flop_ops", RANK_FLOP_OPS, "one row per matrix product, convolution or attention op of a rank, with its FLOPs (computed at ingest)"),
+        Table("rank_flop_traces", RANK_FLOP_TRACES, "one row per trace of a rank: shapes recorded, GPU kernels, kernel launches (computed at ingest)"),
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""

@@ -20,6 +20,9 @@ it has not been stored); it imports neither, nor torch, nor streamlit.
   ``rank_step_gpu``, ``rank_step_host`` (each step's parts) and ``rank_comm_spans`` (where its
   exposed communication lies, for the cross-rank split into waiting and transfer).
 - ``reduce.py``: the registry of per-rank tables and the run of all of them over one trace.
+- ``flops.py``: the FLOP formulas of matrix products, convolutions and attention as SQL, each
+  product counted once, and the kernels of the counted ops (tables ``rank_flop_ops`` and
+  ``rank_flop_traces``).
 """
 
 from stepscope.store.rankstats.reduce import TABLES, RankTable, params, prepare, trace_views  # noqa: E402
