@@ -365,11 +365,6 @@ def _figure() -> str:
                               for sql, names in kinds.items()) + " END"
 
 
-def _json_list(key: str) -> str:
-    path = _lit(f'$."{key}"')
-    return f"(CASE WHEN json_type(doc, {path}) = 'ARRAY' THEN json_extract(doc, {path})::JSON[] ELSE []::JSON[] END)"
-
-
 def _sizes(index: int) -> str:
     arg = f"dims[{index + 1}]"
     return (f"CASE WHEN len(dims) > {index} AND json_type({arg}) = 'ARRAY' AND json_array_length({arg}) > 0 "
@@ -411,10 +406,11 @@ WITH RECURSIVE
         FROM events e JOIN {_REGISTRY} ON r.name = e.name
         WHERE e.run = $run AND e.kind = 'cpu_op' AND e.dur_ns IS NOT NULL AND e.ts_ns IS NOT NULL
     ),
-    _lists AS (
-        SELECT *, {_json_list("Input Dims")} AS dims, {_json_list("Input type")} AS types,
-               {_json_list("Concrete Inputs")} AS concrete, json_extract(doc, '$.flops') AS kineto
-        FROM _cand
+    _lists AS (  -- the args parsed once: the lists of arguments (empty where not a list) and Kineto's own figure
+        SELECT * EXCLUDE (j), coalesce(j."Input Dims", []) AS dims, coalesce(j."Input type", []) AS types,
+               coalesce(j."Concrete Inputs", []) AS concrete, j.flops AS kineto
+        FROM (SELECT *, json_transform(doc, '{{"Input Dims": "JSON[]", "Input type": "JSON[]", "Concrete Inputs": "JSON[]",
+                                               "flops": "JSON"}}') AS j FROM _cand)
     ),
     _args AS (
         SELECT * EXCLUDE (doc), len(dims) AS n_dims, [{", ".join(_sizes(i) for i in range(TENSOR_ARGS))}] AS sz,
@@ -472,7 +468,7 @@ WITH RECURSIVE
                CASE WHEN fig.flops IS NULL AND NOT has_kineto THEN fig.reason END AS figure_reason
         FROM _figured
     ),
-    _with AS (SELECT *, ts_ns + dur_ns AS end_ns FROM _ops WHERE flops IS NOT NULL),
+    _with AS MATERIALIZED (SELECT *, ts_ns + dur_ns AS end_ns FROM _ops WHERE flops IS NOT NULL),
     _marks AS (
         -- starts and ends of the ops with FLOPs on each thread: an end at an instant closes before
         -- the starts there, except a zero-length op's, which closes right after its own start
@@ -491,7 +487,7 @@ WITH RECURSIVE
                    FALSE) AS in_leaf  -- a leaf encloses it
         FROM _with w JOIN _depth dp ON dp.ord = w.ord AND dp.closing = 0
     ),
-    _placed AS (
+    _placed AS MATERIALIZED (
         SELECT n.*, leaf AND NOT in_leaf AS counted_leaf,
                CASE WHEN in_leaf THEN last_value(CASE WHEN leaf AND NOT in_leaf THEN name END IGNORE NULLS) OVER (
                    PARTITION BY thread ORDER BY ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) END AS inside_leaf,
@@ -501,7 +497,7 @@ WITH RECURSIVE
                    PARTITION BY thread ORDER BY ord ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS next_leaf_ns
         FROM _nested n
     ),
-    _wrappers AS (  -- wrappers outside every leaf: the first counted leaf inside, the last one's name, the parent
+    _wrappers AS MATERIALIZED (  -- wrappers outside every leaf: the first counted leaf inside, the last one's name, the parent
         SELECT w.ord, w.name, p.ord AS parent_ord,
                CASE WHEN w.next_leaf_ns < w.end_ns THEN w.next_leaf END AS first_leaf,
                CASE WHEN w.next_leaf_ns < w.end_ns THEN l.name END AS last_leaf
@@ -527,7 +523,7 @@ WITH RECURSIVE
                      p.alive_ord IS NOT NULL AND coalesce(p.alive_first > x.ord, TRUE) AS a_alive
               FROM _chain p JOIN _wrappers x ON x.parent_ord = p.ord) x
     ),
-    _verdict AS (
+    _verdict AS MATERIALIZED (
         SELECT l.ord,
                CASE WHEN l.in_leaf THEN FALSE WHEN l.leaf THEN TRUE ELSE c.counted0 AND w.first_leaf IS NULL END AS counted,
                CASE WHEN l.in_leaf THEN 'inside ' || l.inside_leaf || ', which counts these products'
@@ -536,7 +532,7 @@ WITH RECURSIVE
                     WHEN NOT c.counted0 THEN 'inside ' || c.alive_name || ', which counts these products' END AS reason
         FROM _placed l LEFT JOIN _chain c ON c.ord = l.ord LEFT JOIN _wrappers w ON w.ord = l.ord
     ),
-    _counted AS (SELECT o.ord, o.thread, o.ts_ns, o.end_ns FROM _with o JOIN _verdict v ON v.ord = o.ord WHERE v.counted),
+    _counted AS MATERIALIZED (SELECT o.ord, o.thread, o.ts_ns, o.end_ns FROM _with o JOIN _verdict v ON v.ord = o.ord WHERE v.counted),
     _threads AS (SELECT DISTINCT thread, source, pid, tid FROM _with),
     _in_op AS (  -- runtime and driver calls on a counted op's thread while it ran
         SELECT c.ord, l.source, l.correlation
