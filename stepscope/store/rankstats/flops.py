@@ -35,10 +35,13 @@ gave its own ``flops`` arg (``with_flops=True``).
 leaf with FLOPs when leaves nest. A **wrapper** (``aten::linear``, ``aten::matmul``,
 ``aten::conv2d``, ``aten::scaled_dot_product_attention``) counts only when no counted leaf was
 recorded inside it on its thread, and never inside an op that counts. As a rule over the
-thread's nesting of the ops with FLOPs (``_enclosing`` below): a leaf counts unless a leaf
-encloses it; a wrapper inside a leaf does not count; a wrapper with a counted leaf inside does not
-count; any other wrapper counts unless, when it starts, an enclosing wrapper still counts (one that
-counts and has had no counted leaf inside it yet): the recursive ``_chain``, one level per depth.
+thread's nesting of the ops with FLOPs (ordered by start, longer first, wrappers before leaves;
+an op encloses those that start while it runs): a leaf counts unless a leaf encloses it; a
+wrapper inside a leaf does not count; a wrapper with a counted leaf inside does not count; any
+other wrapper counts unless, when it starts, an enclosing wrapper still counts (one that counts
+and has had no counted leaf inside it yet; there is at most one): the recursive ``_chain``, one
+level per depth of nesting. The ops of one thread are a call stack, so they nest; ops that
+overlap without nesting (which a thread's call stack does not record) are taken as nested.
 
 **Kernel time**: a counted op's compute kernels are those launched (runtime or driver call on
 the op's thread, inside the op) while it ran; ``tf32``: one of them is a TF32 kernel
