@@ -1,10 +1,12 @@
 """FLOPs per op, per step and per op family, achieved TFLOP/s, and MFU against the device's peak.
 
-Per rank, from the rank's own events (docs/ANALYSIS.md, "FLOPs and MFU"):
+Per rank, from the tables its traces' ingest wrote (``rank_flop_ops``, ``rank_flop_traces``:
+:mod:`stepscope.store.rankstats.flops`, where the formulas and the counting rule below are
+applied in SQL; docs/ANALYSIS.md, "FLOPs and MFU"):
 
 - **Which ops count.** Candidates are the CPU ops of a FLOP family
   (:data:`stepscope.analysis.flop_formulas.FLOP_OPS`). An op's FLOPs come from its recorded
-  shapes (:func:`~stepscope.analysis.flop_formulas.op_flops`), else from the trace's own
+  shapes (one formula per op), else from the trace's own
   ``flops`` arg (``with_flops=True`` in torch versions that export it). Each product is counted
   once, at its **leaf**: the op that does it (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``,
   ``aten::convolution`` and its backward, the attention ops), the outermost leaf with FLOPs
@@ -14,7 +16,7 @@ Per rank, from the rank's own events (docs/ANALYSIS.md, "FLOPs and MFU"):
   leaf with FLOPs was recorded inside it on its thread (a trace that recorded the wrapper's
   shapes or ``flops`` but not its leaves), and never inside a counted op.
 - **dtype**: the op's first input whose ``Input type`` is an element type
-  (:func:`stepscope.analysis.peaks.torch_dtype`). A float32 op is judged against the FP32 peak
+  (:data:`stepscope.store.rankstats.flops.TRACE_DTYPES`). A float32 op is judged against the FP32 peak
   (PyTorch's default: no TF32), the TF32 peak only when a kernel it launched is a TF32 kernel
   (:data:`stepscope.analysis.peaks.TF32_KERNEL`).
 - **Time of a family**: on a GPU rank, the summed duration of the compute kernels launched
@@ -38,7 +40,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import pyarrow as pa
 
 from stepscope.analysis._local import local_sql
@@ -47,8 +48,8 @@ from stepscope.analysis.absent import NO_STEPS, Absent, Maybe
 from stepscope.analysis.breakdown import step_windows
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import Finding, Results, Severity, rule
-from stepscope.analysis.flop_formulas import FAMILIES, FLOP_OPS, NoFigure, OpArgs, op_flops
-from stepscope.analysis.peaks import TF32_KERNEL, DevicePeak, device_peak, peak_dtype, torch_dtype
+from stepscope.analysis.flop_formulas import FAMILIES
+from stepscope.analysis.peaks import DevicePeak, device_peak, peak_dtype
 from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore, section
 from stepscope.store.rankstats.parts import COMPUTE
@@ -60,11 +61,13 @@ OPS_SCHEMA = pa.schema([
     ("rank", pa.int64()), ("step", pa.int64()), ("source", pa.string()), ("pid", pa.int64()),
     ("tid", pa.int64()), ("name", pa.string()), ("family", pa.string()), ("leaf", pa.bool_()), ("ts_ns", pa.int64()),
     ("dur_ns", pa.int64()), ("flops", pa.int64()), ("flops_source", pa.string()), ("dtype", pa.string()),
-    ("counted", pa.bool_()), ("reason", pa.string()),
+    ("counted", pa.bool_()), ("reason", pa.string()), ("gpu_ns", pa.int64()), ("kernels", pa.int64()),
+    ("tf32", pa.bool_()),
 ])
 """One row per candidate op: whether it is a leaf (the op doing the products) or a wrapper, its
 FLOPs (null when unknown), where they came from (``shapes`` or ``kineto``), whether it is
-counted, and why not (``reason``)."""
+counted, and why not (``reason``); the compute kernels a counted op launched (``gpu_ns``,
+``kernels``, ``tf32``: :func:`flop_ops`)."""
 
 NO_FLOP_OPS = ("no matrix product, convolution or attention op with recorded shapes in this run's traces "
                "(profile with record_shapes=True)")
@@ -72,110 +75,26 @@ NO_SHAPES = "the traces of this run record no shapes (Input Dims): profile with 
 CPU_ONLY = "CPU-only rank: MFU is measured against an accelerator's dense peak, and this rank has none"
 
 
-def _decoded(args: str | None) -> dict[str, Any]:
-    if not args:
-        return {}
-    try:
-        doc = msgspec.json.decode(args)
-    except msgspec.DecodeError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def _dtype(types: Sequence[Any]) -> str | None:
-    return next((d for d in (torch_dtype(t) if isinstance(t, str) else None for t in types) if d), None)
-
-
-def _figure(name: str, doc: dict[str, Any]) -> tuple[int | None, str | None, str | None]:
-    """(flops, flops_source, reason) of one op from its decoded args."""
-    args = OpArgs(doc.get("Input Dims") or [], doc.get("Input type") or [], doc.get("Concrete Inputs") or [])
-    try:
-        return op_flops(name, args), "shapes", None
-    except NoFigure as exc:
-        reason = str(exc)
-    kineto = doc.get("flops")
-    if isinstance(kineto, int) and not isinstance(kineto, bool) and kineto > 0:
-        return kineto, "kineto", None
-    return None, None, reason
-
-
 @cached_frame("flop_ops")
 def flop_ops(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """Every candidate op of the run with its FLOPs and whether it is counted (:data:`OPS_SCHEMA`,
-    module docs), plus ``gpu_ns``/``kernels``: the compute kernels each counted op launched."""
-    rf, extra = rank_filter(ranks)
-    rows = store.sql(f"""
-        SELECT rank, step, source::VARCHAR AS source, pid, tid, name, ts_ns, dur_ns, args
-        FROM events
-        WHERE run = $run AND kind = 'cpu_op' AND dur_ns IS NOT NULL AND ts_ns IS NOT NULL
-          AND list_contains($names, name) AND {rf}
-        ORDER BY rank, source, pid, tid, ts_ns, dur_ns DESC, list_contains($leaves, name)
-    """, {"run": run, "names": list(FLOP_OPS), "leaves": [n for n, op in FLOP_OPS.items() if op.leaf],
-          **extra}).to_pylist()
-    out: dict[str, list[Any]] = {field.name: [] for field in OPS_SCHEMA}
-    thread: tuple[Any, ...] | None = None
-    open_ops: list[tuple[int, int]] = []  # (end_ns, row index) of the enclosing ops that have FLOPs
-    for index, row in enumerate(rows):
-        key = (row["rank"], row["source"], row["pid"], row["tid"])
-        if key != thread:
-            thread, open_ops = key, []
-        start, end = row["ts_ns"], row["ts_ns"] + row["dur_ns"]
-        while open_ops and open_ops[-1][0] <= start:
-            open_ops.pop()
-        enclosing = [i for e, i in open_ops if end <= e]
-        doc = _decoded(row["args"])
-        flops, flops_source, reason = _figure(row["name"], doc)
-        leaf = FLOP_OPS[row["name"]].leaf
-        counted = flops is not None
-        if counted:
-            counting = [i for i in enclosing if out["counted"][i] and (out["leaf"][i] or not leaf)]
-            if counting:
-                counted, reason = False, f"inside {rows[counting[-1]]['name']}, which counts these products"
-            elif leaf:  # the leaf counts: the wrappers around it (the outermost counted until now) do not
-                for i in enclosing:
-                    out["counted"][i], out["reason"][i] = False, f"a wrapper: {row['name']} inside it counts"
-            open_ops.append((end, index))
-        for column, value in (("family", FLOP_OPS[row["name"]].family), ("leaf", leaf), ("flops", flops),
-                              ("flops_source", flops_source), ("dtype", _dtype(doc.get("Input type") or [])),
-                              ("counted", counted), ("reason", reason)):
-            out[column].append(value)
-        for column in ("rank", "step", "source", "pid", "tid", "name", "ts_ns", "dur_ns"):
-            out[column].append(row[column])
-    ops = pa.table(out, schema=OPS_SCHEMA)
-    return _with_kernel_time(store, run, ranks, ops)
-
-
-def _with_kernel_time(store: SQLStore, run: str, ranks: Sequence[int] | None, ops: pa.Table) -> pa.Table:
-    """Add ``gpu_ns`` and ``kernels``: compute kernels whose launch ran on a counted op's thread
-    inside the op (null on ops not counted and on ranks without kernels); ``tf32``: one of them
-    is a TF32 kernel (:data:`stepscope.analysis.peaks.TF32_KERNEL`)."""
-    rf, extra = rank_filter(ranks, "k.rank")
-    launches = store.sql(f"""
-        SELECT k.rank, l.source::VARCHAR AS source, l.pid, l.tid, l.ts_ns AS launch_ns, k.dur_ns,
-               regexp_matches(k.name, $tf32, 'i') AS tf32
-        FROM events k JOIN events l
-          ON l.run = $run AND l.rank = k.rank AND l.source = k.source AND l.correlation = k.correlation
-         AND l.kind IN ('cuda_runtime', 'cuda_driver')
-        WHERE k.run = $run AND k.kind = 'kernel' AND k.category = 'compute' AND k.dur_ns IS NOT NULL AND {rf}
-    """, {"run": run, "tf32": TF32_KERNEL, **extra})
-    return local_sql("""
-        WITH c AS (SELECT row_number() OVER () AS op_id, * FROM ops),
-        hit AS (
-          SELECT c.op_id, sum(l.dur_ns)::BIGINT AS gpu_ns, count(*) AS kernels, bool_or(l.tf32) AS tf32
-          FROM launches l ASOF JOIN (SELECT * FROM c WHERE counted) c
-            ON c.rank = l.rank AND c.source = l.source AND c.pid = l.pid AND c.tid = l.tid
-           AND l.launch_ns >= c.ts_ns
-          WHERE l.launch_ns <= c.ts_ns + c.dur_ns
-          GROUP BY c.op_id
-        ),
-        gpu_ranks AS (SELECT DISTINCT rank FROM launches)
-        SELECT c.* EXCLUDE (op_id),
-               CASE WHEN c.counted AND c.rank IN (SELECT rank FROM gpu_ranks) THEN coalesce(h.gpu_ns, 0) END AS gpu_ns,
-               CASE WHEN c.counted AND c.rank IN (SELECT rank FROM gpu_ranks) THEN coalesce(h.kernels, 0) END AS kernels,
-               coalesce(h.tf32, FALSE) AS tf32
-        FROM c LEFT JOIN hit h USING (op_id)
-        ORDER BY c.rank, c.ts_ns, c.source, c.pid, c.tid
-    """, ops=ops, launches=launches)
+    module docs), with ``gpu_ns``/``kernels``: the compute kernels each counted op launched (null
+    on ops not counted and on ranks where no compute kernel's launch was recorded); ``tf32``: one
+    of them is a TF32 kernel. Read from ``rank_flop_ops`` (computed per trace at ingest:
+    :mod:`stepscope.store.rankstats.flops`)."""
+    rf, extra = rank_filter(ranks, "o.rank")
+    ops = store.sql(f"""
+        WITH g AS (SELECT rank, bool_or(launches) AS launches FROM rank_flop_traces WHERE run = $run GROUP BY rank)
+        SELECT o.rank, o.step, o.source::VARCHAR AS source, o.pid, o.tid, o.name, o.family::VARCHAR AS family,
+               o.leaf, o.ts_ns, o.dur_ns, o.flops, o.flops_source::VARCHAR AS flops_source, o.dtype::VARCHAR AS dtype,
+               o.counted, o.reason,
+               CASE WHEN g.launches THEN o.gpu_ns END AS gpu_ns, CASE WHEN g.launches THEN o.kernels END AS kernels,
+               o.tf32
+        FROM rank_flop_ops o LEFT JOIN g ON g.rank = o.rank
+        WHERE o.run = $run AND {rf}
+        ORDER BY o.rank, o.ts_ns, o.source, o.pid, o.tid, o.dur_ns DESC, o.leaf, o.name
+    """, {"run": run, **extra})
+    return ops.cast(OPS_SCHEMA)
 
 
 # ---- per step and per family ----
@@ -201,12 +120,12 @@ class Device:
 
 
 def rank_devices(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> dict[int, Device]:
-    """Per rank: its device (name, peak row, GPU work present)."""
+    """Per rank: its device (name, peak row, GPU kernels in any of its traces: ``rank_flop_traces``)."""
     rf, extra = rank_filter(ranks, "s.rank")
     rows = store.sql(f"""
-        SELECT s.rank, any_value(s.gpu_name) AS gpu_name,
-               EXISTS (SELECT 1 FROM events e WHERE e.run = $run AND e.rank = s.rank AND e.kind = 'kernel') AS gpu
-        FROM sources s WHERE s.run = $run AND {rf} GROUP BY s.rank
+        WITH t AS (SELECT rank, bool_or(kernels) AS gpu FROM rank_flop_traces WHERE run = $run GROUP BY rank)
+        SELECT s.rank, any_value(s.gpu_name) AS gpu_name, coalesce(any_value(t.gpu), FALSE) AS gpu
+        FROM sources s LEFT JOIN t ON t.rank = s.rank WHERE s.run = $run AND {rf} GROUP BY s.rank
     """, {"run": run, **extra}).to_pylist()
     return {r["rank"]: Device(r["gpu_name"], device_peak(r["gpu_name"]), bool(r["gpu"])) for r in rows}
 
@@ -268,11 +187,10 @@ def _grouped(rows: list[dict[str, Any]], *keys: str) -> dict[tuple[Any, ...], li
 
 
 def _shapes_recorded(store: SQLStore, run: str, ranks: Sequence[int] | None) -> set[int]:
+    """Ranks with a trace whose CPU ops recorded shapes (``Input Dims``)."""
     rf, extra = rank_filter(ranks)
-    rows = store.sql(f"""
-        SELECT DISTINCT rank FROM events
-        WHERE run = $run AND kind = 'cpu_op' AND args LIKE '%"Input Dims"%' AND {rf}
-    """, {"run": run, **extra}).to_pylist()
+    rows = store.sql(f"SELECT DISTINCT rank FROM rank_flop_traces WHERE run = $run AND shapes AND {rf}",
+                     {"run": run, **extra}).to_pylist()
     return {r["rank"] for r in rows}
 
 

@@ -7,11 +7,13 @@ matching row wins, so the more specific variants (H100 PCIe, H100 NVL) come befo
 name. A device not in the table has no peak, and MFU is absent with the reason, never guessed.
 
 The dtype of an op is its first tensor input's ``Input type`` as the trace records it
-(``c10::BFloat16``, ``float``); :func:`peak_dtype` maps it to the column of the table.
+(``c10::BFloat16``, ``float``), named as torch names it at ingest
+(:data:`stepscope.store.rankstats.flops.TRACE_DTYPES`); :func:`peak_dtype` maps it to the column
+of the table.
 ``float32`` products are judged against the **FP32** peak: PyTorch's default for float32
 matmuls on CUDA is full FP32 (``torch.backends.cuda.matmul.allow_tf32`` is False since 1.12).
-Only when the kernels the op launched are TF32 kernels (:data:`TF32_KERNEL`: a name with
-``tf32``/``xf32``, such as cuDNN's ``sm80_xmma_..._tf32f32_...``, or CUTLASS's
+Only when the kernels the op launched are TF32 kernels (:data:`TF32_KERNEL`, applied at ingest:
+a name with ``tf32``/``xf32``, such as cuDNN's ``sm80_xmma_..._tf32f32_...``, or CUTLASS's
 ``tensorop_s1688gemm``, the TF32 tensor-core SGEMM of cuBLAS on Ampere and later) is the op
 judged against the device's TF32 peak (falling back to FP32 where the device has none). An
 SGEMM such as ``ampere_sgemm_*`` or a kernel name that says nothing (``nvjet_*``, ``Cijk_*``) is FP32.
@@ -23,21 +25,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from stepscope.store.rankstats.flops import TF32_KERNEL
+
+__all__ = ["DEVICE_PEAKS", "PEAK_DTYPES", "TF32_KERNEL", "DevicePeak", "device_peak", "peak_dtype"]
+
 PEAK_DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 """Columns of the peak table, TFLOP/s (TOP/s for int8)."""
-
-TRACE_DTYPES: Mapping[str, str] = {
-    "double": "float64",
-    "float": "float32",
-    "c10::Half": "float16",
-    "c10::BFloat16": "bfloat16",
-    "c10::Float8_e4m3fn": "float8_e4m3fn",
-    "c10::Float8_e5m2": "float8_e5m2",
-    "c10::Float8_e4m3fnuz": "float8_e4m3fnuz",
-    "c10::Float8_e5m2fnuz": "float8_e5m2fnuz",
-    "signed char": "int8",
-}
-"""``Input type`` as Kineto writes it -> the torch dtype name the analyses report."""
 
 _PEAK_COLUMN: Mapping[str, str] = {
     "float64": "fp64",
@@ -51,10 +44,6 @@ _PEAK_COLUMN: Mapping[str, str] = {
     "int8": "int8",
 }
 """torch dtype -> peak-table column (float32: fp32, or tf32 on TF32 kernels; see :func:`peak_dtype`)."""
-
-TF32_KERNEL = r"tf32|xf32|tensorop_s1688gemm"
-"""Kernel names (case-insensitive regular expression) that show a float32 product ran on TF32
-tensor cores (module docs)."""
 
 
 @dataclass(frozen=True)
@@ -112,11 +101,6 @@ def device_peak(gpu_name: str | None) -> DevicePeak | None:
     if not gpu_name:
         return None
     return next((d for d in DEVICE_PEAKS if d.matches(gpu_name)), None)
-
-
-def torch_dtype(input_type: str | None) -> str | None:
-    """``c10::BFloat16`` -> ``bfloat16``; None for what is not a tensor element type we know."""
-    return TRACE_DTYPES.get(input_type or "")
 
 
 def peak_dtype(device: DevicePeak, dtype: str | None, tf32: bool = False) -> str | None:

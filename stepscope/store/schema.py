@@ -417,6 +417,38 @@ RANK_PIPELINE_WORK = pa.schema(
     ]
 )
 """Each pipeline rank's work items with their phase (``stepscope.store.rankstats.pipeline``)."""
+RANK_FLOP_OPS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("pid", pa.int64()),
+        pa.field("tid", pa.int64()),
+        pa.field("step", pa.int64()),
+        pa.field("name", pa.string()),
+        pa.field("family", _STR),
+        pa.field("leaf", pa.bool_()),
+        pa.field("ts_ns", pa.int64()),
+        pa.field("dur_ns", pa.int64()),
+        pa.field("flops", pa.int64()),
+        pa.field("flops_source", _STR),
+        pa.field("dtype", _STR),
+        pa.field("counted", pa.bool_()),
+        pa.field("reason", pa.string()),
+        pa.field("gpu_ns", pa.int64()),
+        pa.field("kernels", pa.int64()),
+        pa.field("tf32", pa.bool_()),
+    ]
+)
+"""Each rank's ops of a FLOP family with their FLOPs, counted once (``stepscope.store.rankstats.flops``)."""
+
+RANK_FLOP_TRACES = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("shapes", pa.bool_()),
+        pa.field("kernels", pa.bool_()),
+        pa.field("launches", pa.bool_()),
+    ]
+)
+"""What FLOP counting needs to know of each trace of a rank (``stepscope.store.rankstats.flops``)."""
 
 
 @dataclass(frozen=True)
@@ -457,6 +489,8 @@ TABLES: dict[str, Table] = {
         Table("rank_p2p", RANK_P2P, "one row per point-to-point transfer of a rank (computed at ingest)"),
         Table("rank_pipeline_actions", RANK_PIPELINE_ACTIONS, "one row per runtime-schedule action of a rank (computed at ingest)"),
         Table("rank_pipeline_work", RANK_PIPELINE_WORK, "one row per work item of a pipeline rank, with its phase (computed at ingest)"),
+        Table("rank_flop_ops", RANK_FLOP_OPS, "one row per matrix product, convolution or attention op of a rank, with its FLOPs (computed at ingest)"),
+        Table("rank_flop_traces", RANK_FLOP_TRACES, "one row per trace of a rank: shapes recorded, GPU kernels, kernel launches (computed at ingest)"),
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""

@@ -27,6 +27,9 @@ it has not been stored); it imports neither, nor torch, nor streamlit.
 - ``pipeline.py``: each rank's point-to-point transfers, runtime-schedule actions and (on a
   pipeline rank) work items with their phase (tables ``rank_p2p``, ``rank_pipeline_actions``,
   ``rank_pipeline_work``), which the pipeline analysis cuts into microbatch spans.
+- ``flops.py``: the FLOP formulas of matrix products, convolutions and attention as SQL, each
+  product counted once, and the kernels of the counted ops (tables ``rank_flop_ops`` and
+  ``rank_flop_traces``).
 """
 
 from stepscope.store.rankstats.reduce import TABLES, RankTable, params, prepare, trace_views  # noqa: E402

@@ -16,6 +16,7 @@ from typing import Any
 from stepscope.store.rankstats.breakdown import PREPARE, comm_spans_query, gpu_totals_query, rank_step_query
 from stepscope.store.rankstats.collectives import RANK_COLLECTIVES, RANK_HIDING_SPANS
 from stepscope.store.rankstats.copies import RANK_COPIES
+from stepscope.store.rankstats.flops import RANK_FLOP_OPS, RANK_FLOP_TRACES
 from stepscope.store.rankstats.kernels import RANK_CPU_OPS, RANK_KERNELS
 from stepscope.store.rankstats.memory import RANK_MEMORY_PEAKS
 from stepscope.store.rankstats.kernels import RANK_LAUNCHES
@@ -52,6 +53,8 @@ TABLES: tuple[RankTable, ...] = (
     RankTable("rank_p2p", RANK_P2P),
     RankTable("rank_pipeline_actions", RANK_PIPELINE_ACTIONS),
     RankTable("rank_pipeline_work", RANK_PIPELINE_WORK),
+    RankTable("rank_flop_ops", RANK_FLOP_OPS),
+    RankTable("rank_flop_traces", RANK_FLOP_TRACES),
 )
 """Every per-rank table, in the order they are written."""
 
