@@ -17,11 +17,9 @@ from stepscope.store.rankstats.breakdown import PREPARE, comm_spans_query, gpu_t
 from stepscope.store.rankstats.collectives import RANK_COLLECTIVES, RANK_HIDING_SPANS
 from stepscope.store.rankstats.copies import RANK_COPIES
 from stepscope.store.rankstats.flops import RANK_FLOP_OPS, RANK_FLOP_TRACES
-from stepscope.store.rankstats.kernels import RANK_CPU_OPS, RANK_KERNELS
-from stepscope.store.rankstats.memory import RANK_MEMORY_PEAKS
-from stepscope.store.rankstats.kernels import RANK_LAUNCHES
+from stepscope.store.rankstats.kernels import RANK_CPU_OPS, RANK_KERNELS, RANK_LAUNCHES
 from stepscope.store.rankstats.memory import (RANK_MEMORY_ALLOCATIONS, RANK_MEMORY_CURVE, RANK_MEMORY_LIVE,
-                                              RANK_MEMORY_STEPS)
+                                              RANK_MEMORY_PEAKS, RANK_MEMORY_STEPS)
 from stepscope.store.rankstats.parts import GPU, HOST
 from stepscope.store.rankstats.pipeline import RANK_P2P, RANK_PIPELINE_ACTIONS, RANK_PIPELINE_WORK
 
