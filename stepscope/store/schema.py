@@ -313,6 +313,30 @@ RANK_MEMORY_PEAKS = pa.schema(
 )
 """Each rank's memory peak per device and step (``stepscope.store.rankstats.memory``)."""
 
+RANK_STEP_WINDOWS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("cpu_start_ns", pa.int64()),
+        pa.field("cpu_end_ns", pa.int64()),
+        pa.field("gpu_end_ns", pa.int64()),
+        pa.field("start_ns", pa.int64()),
+        pa.field("end_ns", pa.int64()),
+    ]
+)
+"""Each rank's step windows (``stepscope.store.rankstats.segments``)."""
+
+RANK_SEGMENTS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("breakdown", _STR, nullable=False),
+        pa.field("part", _STR, nullable=False),
+        pa.field("s0", pa.int64(), nullable=False),
+        pa.field("s1", pa.int64(), nullable=False),
+    ]
+)
+"""Each rank's time line, cut into its parts (``stepscope.store.rankstats.segments``)."""
+
 
 @dataclass(frozen=True)
 class Table:
@@ -344,6 +368,8 @@ TABLES: dict[str, Table] = {
         Table("rank_kernels", RANK_KERNELS, "one row per GPU activity name of a rank (computed at ingest)"),
         Table("rank_cpu_ops", RANK_CPU_OPS, "one row per CPU operator name of a rank, with self time (computed at ingest)"),
         Table("rank_memory_peaks", RANK_MEMORY_PEAKS, "one row per device and step of a rank: its memory peak (computed at ingest)"),
+        Table("rank_step_windows", RANK_STEP_WINDOWS, "one row per step of a rank: its window (computed at ingest)"),
+        Table("rank_segments", RANK_SEGMENTS, "one row per stretch of a rank's time line where a part holds (computed at ingest)"),
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""

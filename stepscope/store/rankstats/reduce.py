@@ -19,6 +19,7 @@ from stepscope.store.rankstats.copies import RANK_COPIES
 from stepscope.store.rankstats.kernels import RANK_CPU_OPS, RANK_KERNELS
 from stepscope.store.rankstats.memory import RANK_MEMORY_PEAKS
 from stepscope.store.rankstats.parts import GPU, HOST
+from stepscope.store.rankstats.segments import segments_query, step_windows_query
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ TABLES: tuple[RankTable, ...] = (
     RankTable("rank_kernels", RANK_KERNELS),
     RankTable("rank_cpu_ops", RANK_CPU_OPS),
     RankTable("rank_memory_peaks", RANK_MEMORY_PEAKS),
+    RankTable("rank_step_windows", step_windows_query()),
+    RankTable("rank_segments", segments_query()),
 )
 """Every per-rank table, in the order they are written."""
 
