@@ -20,6 +20,8 @@ it has not been stored); it imports neither, nor torch, nor streamlit.
   ``rank_step_gpu``, ``rank_step_host`` (each step's parts) and ``rank_comm_spans`` (where its
   exposed communication lies, for the cross-rank split into waiting and transfer).
 - ``reduce.py``: the registry of per-rank tables and the run of all of them over one trace.
+- ``segments.py``: each trace's time line cut into its parts (``rank_segments``, what arbitrary
+  windows and the step timeline are split by) and its step windows (``rank_step_windows``).
 """
 
 from stepscope.store.rankstats.reduce import TABLES, RankTable, params, prepare, trace_views  # noqa: E402
