@@ -22,7 +22,7 @@ from stepscope.analysis._sql import rank_filter, sweep_ctes
 from stepscope.analysis.breakdown import _parts_query, parts_over, step_windows
 from stepscope.analysis.lateness import late_arrivals
 from stepscope.analysis.matching import collective_ctes, ranks_with_collectives
-from stepscope.analysis.timeline import _SPLIT_BY_WAITS, step_timeline
+from stepscope.analysis.timeline import _SPLIT_BY_WAITS, lanes, step_timeline
 from stepscope.cli import main
 from stepscope.errors import StoreError
 from stepscope.store import open_store, rankstats
@@ -57,7 +57,8 @@ def _parts_from_events(store: Any, run: str, breakdown: Breakdown, windows: list
 
 
 def _timeline_from_events(store: Any, run: str, step: int) -> pa.Table | None:
-    """The old step timeline: one sweep over the events with the waits as one more class."""
+    """The old step timeline: one sweep over the events with the waits as one more class (its
+    elementary segments then merged into lanes as the new one's pieces are: ``lanes``)."""
     has_gpu = store.sql("SELECT count(*) AS n FROM events WHERE run = $run AND kind = 'kernel'",
                         {"run": run}).to_pylist()[0]["n"] > 0
     breakdown = GPU if has_gpu else HOST
@@ -88,18 +89,7 @@ def _timeline_from_events(store: Any, run: str, step: int) -> pa.Table | None:
     ),
     {sweep_ctes(wait_class + 1, iv="_iv_all", win="_win_step")},
     _parts AS (SELECT rank, s0, s1, CASE {" ".join(whens)} END AS part FROM seg),
-    _starts AS (
-        SELECT *, CASE WHEN lag(part) OVER w = part AND lag(s1) OVER w = s0 THEN 0 ELSE 1 END AS starts
-        FROM _parts WINDOW w AS (PARTITION BY rank ORDER BY s0)
-    ),
-    _runs AS (SELECT *, sum(starts) OVER (PARTITION BY rank ORDER BY s0 ROWS UNBOUNDED PRECEDING) AS piece FROM _starts),
-    _corr AS (SELECT DISTINCT rank, clock_correction_ns FROM coll)
-    SELECT $run AS run, r.rank, r.part, min(r.s0) - coalesce(any_value(c.clock_correction_ns), 0) AS t0_ns,
-           max(r.s1) - coalesce(any_value(c.clock_correction_ns), 0) AS t1_ns, max(r.s1) - min(r.s0) AS dur_ns,
-           '{breakdown.name}' AS breakdown
-    FROM _runs r LEFT JOIN _corr c USING (rank)
-    GROUP BY r.rank, r.part, r.piece
-    ORDER BY r.rank, t0_ns""", {"run": run, "step": step})
+    {lanes(breakdown)}""", {"run": run, "step": step})
     return table if table.num_rows else None
 
 

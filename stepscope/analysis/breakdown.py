@@ -17,7 +17,9 @@ exposed communication lies) is computed when its trace is ingested
 (:mod:`stepscope.store.rankstats.breakdown`, tables ``rank_step_gpu``, ``rank_step_host``,
 ``rank_comm_spans``); the step breakdowns read those and add the one cross-rank split, exposed
 communication into waiting for peers and transfer. :func:`parts_over` splits arbitrary windows
-with the same SQL over the events.
+by the time lines stored at ingest (:mod:`stepscope.store.rankstats.segments`, ``rank_segments``),
+:func:`step_windows` reads ``rank_step_windows``. :func:`_parts_query`, the same split as SQL
+over the events, is what the tests check the stored tables against.
 """
 
 from __future__ import annotations
@@ -35,8 +37,6 @@ from stepscope.store.rankstats.breakdown import (  # noqa: F401 - GPU_KINDS_SQL,
     GPU_KINDS_SQL,
     RANK_SPLITS,
     WINDOW_COLUMNS,
-    active,
-    gpu_cte,
     iv_ctes,
     ns_column,
     part_sums,
@@ -44,8 +44,8 @@ from stepscope.store.rankstats.breakdown import (  # noqa: F401 - GPU_KINDS_SQL,
     stored_columns,
     window_ctes,
 )
+from stepscope.store.rankstats.parts import COMM_EXPOSED, COMMUNICATION_OPS, GPU, HOST, PEER_WAITS, Breakdown, Part
 from stepscope.store.rankstats.segments import REMAINDER, STORED
-from stepscope.store.rankstats.parts import COMM_EXPOSED, COMMUNICATION_OPS, COMPUTE, GPU, HOST, PEER_WAITS, Breakdown, Part
 
 
 def _run(store: SQLStore, query: str, run: str, extra: dict[str, object]) -> pa.Table:
@@ -199,8 +199,10 @@ def _parts_query(breakdown: Breakdown, rf: str, win: str, select: str, where: st
                  matched: bool = True) -> str:
     """The breakdown of every window of ``win`` (CTEs defining ``win(rank, step, w0, w1, ...)``,
     disjoint per rank; they may read ``gpu``): ``SELECT <select>, <every column of the
-    breakdown> FROM win w ... WHERE <where>``. One generator for the step breakdowns and for
-    arbitrary windows (:func:`parts_over`), so both split time by the same rules."""
+    breakdown> FROM win w ... WHERE <where>``, swept over the events. The analyses read the
+    tables written at ingest instead (:func:`_stored_query`, :func:`_segments_query`); this is
+    the independent reference the tests hold those to (tests/test_rankstats.py,
+    tests/test_rankstats_timeline.py), over the step windows and over arbitrary ones."""
     split_ctes, split_columns, split_joins = _split_sql([p for p in breakdown.parts if p.sub_parts], matched)
     columns = [f"coalesce({split_columns.get(c, 'p.' + c)}, 0)::BIGINT AS {c}" for c in breakdown.all_columns]
     spans = "".join(f", {spans_of(p)}" for p in _spans(breakdown))

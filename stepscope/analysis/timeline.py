@@ -79,6 +79,26 @@ def _leaf_ctes(breakdown: Breakdown) -> str:
     )"""
 
 
+def lanes(breakdown: Breakdown) -> str:
+    """The end of a timeline query: the pieces of ``_parts(rank, s0, s1, part)`` merged where
+    consecutive pieces of a rank have one part, clock-aligned with ``coll``'s corrections."""
+    return f"""
+    _starts AS (
+        SELECT *, CASE WHEN lag(part) OVER w = part AND lag(s1) OVER w = s0 THEN 0 ELSE 1 END AS starts
+        FROM _parts WINDOW w AS (PARTITION BY rank ORDER BY s0)
+    ),
+    _runs AS (
+        SELECT *, sum(starts) OVER (PARTITION BY rank ORDER BY s0 ROWS UNBOUNDED PRECEDING) AS piece FROM _starts
+    ),
+    _corr AS (SELECT DISTINCT rank, clock_correction_ns FROM coll)
+    SELECT $run AS run, r.rank, r.part, min(r.s0) - coalesce(any_value(c.clock_correction_ns), 0) AS t0_ns,
+           max(r.s1) - coalesce(any_value(c.clock_correction_ns), 0) AS t1_ns, max(r.s1) - min(r.s0) AS dur_ns,
+           '{breakdown.name}' AS breakdown
+    FROM _runs r LEFT JOIN _corr c USING (rank)
+    GROUP BY r.rank, r.part, r.piece
+    ORDER BY r.rank, t0_ns"""
+
+
 @cached_frame("step_timeline")
 def step_timeline(store: SQLStore, run: str, step: int, ranks: None = None) -> Maybe[pa.Table]:
     """Per rank, the step ``step`` as consecutive segments of one part: ``run, rank, part, t0_ns,
@@ -108,20 +128,7 @@ def step_timeline(store: SQLStore, run: str, step: int, ranks: None = None) -> M
     {coll},
     {segment_cuts(breakdown, "TRUE", "_win_step")},
     {_leaf_ctes(breakdown)},
-    _starts AS (
-        SELECT *, CASE WHEN lag(part) OVER w = part AND lag(s1) OVER w = s0 THEN 0 ELSE 1 END AS starts
-        FROM _parts WINDOW w AS (PARTITION BY rank ORDER BY s0)
-    ),
-    _runs AS (
-        SELECT *, sum(starts) OVER (PARTITION BY rank ORDER BY s0 ROWS UNBOUNDED PRECEDING) AS piece FROM _starts
-    ),
-    _corr AS (SELECT DISTINCT rank, clock_correction_ns FROM coll)
-    SELECT $run AS run, r.rank, r.part, min(r.s0) - coalesce(any_value(c.clock_correction_ns), 0) AS t0_ns,
-           max(r.s1) - coalesce(any_value(c.clock_correction_ns), 0) AS t1_ns, max(r.s1) - min(r.s0) AS dur_ns,
-           '{breakdown.name}' AS breakdown
-    FROM _runs r LEFT JOIN _corr c USING (rank)
-    GROUP BY r.rank, r.part, r.piece
-    ORDER BY r.rank, t0_ns
+    {lanes(breakdown)}
     """
     table = store.sql(query, {"run": run, "step": int(step)})
     if table.num_rows == 0:
