@@ -47,9 +47,13 @@ _SOURCE = "(SELECT source FROM events LIMIT 1)"
 def _merged(pieces: str, label: str) -> str:
     """``part, s0, s1``: the runs of consecutive, adjacent rows of ``pieces`` (time-ordered
     ``s0, s1`` and ``label``, the part's name or null) with one part, merged. One sort and
-    streaming window functions over it (as in the sweep), no partitioning."""
+    streaming window functions over it (as in the sweep), no partitioning; a merged stretch
+    that is not the exact union of its pieces means the pass did not see them in order, and
+    fails loudly."""
     return f"""
-        SELECT part, min(s0) AS s0, max(s1) AS s1
+        SELECT part, min(s0) AS s0,
+               CASE WHEN max(s1) - min(s0) = sum(s1 - s0) THEN max(s1) ELSE error('stretches merged out of order') END
+                   AS s1
         FROM (SELECT part, s0, s1, sum(starts) OVER (ROWS UNBOUNDED PRECEDING) AS island
               FROM (SELECT part, s0, s1,
                            CASE WHEN lag(part) OVER () = part AND lag(s1) OVER () = s0 THEN 0 ELSE 1 END AS starts
