@@ -2,11 +2,12 @@
 
 The dashboard's cross-rank timeline draws it: a lane per rank, each lane cut into the step's
 parts (:mod:`stepscope.store.rankstats.parts`: compute, communication waiting for peers and transfer,
-copies, idle; the host's parts on a run without GPU events) by the same sweep as the step
-breakdown, with the waits of :mod:`stepscope.analysis.matching` as one more class, so a
-segment of exposed communication is a wait where a wait interval covers it and a transfer
-elsewhere. Times are clock-aligned (each rank's ``clock_correction_ns`` subtracted) so that the
-lanes line up. Definitions: docs/ANALYSIS.md, "Step timeline".
+copies, idle; the host's parts on a run without GPU work) from the rank's time line stored at
+ingest (``rank_segments``: the step breakdown's sweep, merged), clipped to the step's window,
+with the waits of :mod:`stepscope.analysis.matching` cut out of it: a stretch of exposed
+communication is a wait where a wait covers it and a transfer elsewhere. Times are
+clock-aligned (each rank's ``clock_correction_ns`` subtracted) so that the lanes line up.
+Definitions: docs/ANALYSIS.md, "Step timeline".
 """
 
 from __future__ import annotations

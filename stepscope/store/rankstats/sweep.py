@@ -22,8 +22,8 @@ from __future__ import annotations
 CLASS_BITS = 15
 """Bits per class in the packed running count: up to 32,767 intervals of one class active at
 once on one rank (a GPU runs at most a few hundred kernels concurrently). Eight classes fit the
-120 bits: the GPU's seven and the waits the step timeline (:mod:`stepscope.analysis.timeline`)
-adds."""
+120 bits: the GPU's seven and one more (the waits, in the tests' reference sweep of the step
+timeline)."""
 
 
 def sweep_ctes(n_classes: int, *, iv: str = "iv", win: str = "win", outside: bool = False) -> str:
