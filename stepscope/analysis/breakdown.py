@@ -17,7 +17,9 @@ exposed communication lies) is computed when its trace is ingested
 (:mod:`stepscope.store.rankstats.breakdown`, tables ``rank_step_gpu``, ``rank_step_host``,
 ``rank_comm_spans``); the step breakdowns read those and add the one cross-rank split, exposed
 communication into waiting for peers and transfer. :func:`parts_over` splits arbitrary windows
-with the same SQL over the events.
+by the time lines stored at ingest (:mod:`stepscope.store.rankstats.segments`, ``rank_segments``),
+:func:`step_windows` reads ``rank_step_windows``. :func:`_parts_query`, the same split as SQL
+over the events, is what the tests check the stored tables against.
 """
 
 from __future__ import annotations
@@ -35,8 +37,6 @@ from stepscope.store.rankstats.breakdown import (  # noqa: F401 - GPU_KINDS_SQL,
     GPU_KINDS_SQL,
     RANK_SPLITS,
     WINDOW_COLUMNS,
-    active,
-    gpu_cte,
     iv_ctes,
     ns_column,
     part_sums,
@@ -44,7 +44,8 @@ from stepscope.store.rankstats.breakdown import (  # noqa: F401 - GPU_KINDS_SQL,
     stored_columns,
     window_ctes,
 )
-from stepscope.store.rankstats.parts import COMM_EXPOSED, COMMUNICATION_OPS, COMPUTE, GPU, HOST, PEER_WAITS, Breakdown, Part
+from stepscope.store.rankstats.parts import COMM_EXPOSED, COMMUNICATION_OPS, GPU, HOST, PEER_WAITS, Breakdown, Part
+from stepscope.store.rankstats.segments import REMAINDER, STORED
 
 
 def _run(store: SQLStore, query: str, run: str, extra: dict[str, object]) -> pa.Table:
@@ -108,6 +109,30 @@ def _no_wait_split(part: Part) -> str:
     )"""
 
 
+def wait_island_ctes(host_side: bool, windows: str) -> str:
+    """CTEs ending in ``_wait_islands(rank, t0, t1)``: the waits ``[ts, ts + wait)`` of the
+    matched collective members of ``coll`` (:func:`stepscope.analysis.matching.collective_ctes`)
+    on the host side (gloo) or the GPU's, of the ranks of ``windows``, merged per rank into
+    disjoint islands (touching waits merge)."""
+    return f"""
+    _wait_iv AS (
+        SELECT rank, ts_ns AS t0, ts_ns + wait_ns AS t1 FROM coll
+        WHERE {"" if host_side else "NOT "}host_side AND wait_ns > 0 AND rank IN (SELECT rank FROM {windows})
+    ),
+    _wait_prev AS (
+        SELECT *, max(t1) OVER (PARTITION BY rank ORDER BY t0, t1 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                  AS prev_end
+        FROM _wait_iv
+    ),
+    _wait_islands AS (
+        SELECT rank, min(t0) AS t0, max(t1) AS t1
+        FROM (SELECT *, sum(CASE WHEN prev_end IS NULL OR t0 > prev_end THEN 1 ELSE 0 END)
+                          OVER (PARTITION BY rank ORDER BY t0, t1 ROWS UNBOUNDED PRECEDING) AS island
+              FROM _wait_prev)
+        GROUP BY rank, island
+    )"""
+
+
 def _wait_split(part: Part, *, host_side: bool) -> Callable[[], str]:
     """The split of an exposed-communication part into waiting for peers and the rest.
 
@@ -123,22 +148,7 @@ def _wait_split(part: Part, *, host_side: bool) -> Callable[[], str]:
     def ctes() -> str:
         return f"""
     {collective_ctes()},
-    _wait_iv AS (
-        SELECT rank, ts_ns AS t0, ts_ns + wait_ns AS t1 FROM coll
-        WHERE {"" if host_side else "NOT "}host_side AND wait_ns > 0 AND rank IN (SELECT rank FROM win)
-    ),
-    _wait_prev AS (
-        SELECT *, max(t1) OVER (PARTITION BY rank ORDER BY t0, t1 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-                  AS prev_end
-        FROM _wait_iv
-    ),
-    _wait_islands AS (
-        SELECT rank, min(t0) AS t0, max(t1) AS t1
-        FROM (SELECT *, sum(CASE WHEN prev_end IS NULL OR t0 > prev_end THEN 1 ELSE 0 END)
-                          OVER (PARTITION BY rank ORDER BY t0, t1 ROWS UNBOUNDED PRECEDING) AS island
-              FROM _wait_prev)
-        GROUP BY rank, island
-    ),
+    {wait_island_ctes(host_side, "win")},
     _wait_len AS (
         SELECT s.rank, s.step, sum(least(s.s1, w.t1) - greatest(s.s0, w.t0)) AS len
         FROM _spans_{part.name} s JOIN _wait_islands w ON s.rank = w.rank AND s.s0 < w.t1 AND s.s1 > w.t0
@@ -189,8 +199,10 @@ def _parts_query(breakdown: Breakdown, rf: str, win: str, select: str, where: st
                  matched: bool = True) -> str:
     """The breakdown of every window of ``win`` (CTEs defining ``win(rank, step, w0, w1, ...)``,
     disjoint per rank; they may read ``gpu``): ``SELECT <select>, <every column of the
-    breakdown> FROM win w ... WHERE <where>``. One generator for the step breakdowns and for
-    arbitrary windows (:func:`parts_over`), so both split time by the same rules."""
+    breakdown> FROM win w ... WHERE <where>``, swept over the events. The analyses read the
+    tables written at ingest instead (:func:`_stored_query`, :func:`_segments_query`); this is
+    the independent reference the tests hold those to (tests/test_rankstats.py,
+    tests/test_rankstats_timeline.py), over the step windows and over arbitrary ones."""
     split_ctes, split_columns, split_joins = _split_sql([p for p in breakdown.parts if p.sub_parts], matched)
     columns = [f"coalesce({split_columns.get(c, 'p.' + c)}, 0)::BIGINT AS {c}" for c in breakdown.all_columns]
     spans = "".join(f", {spans_of(p)}" for p in _spans(breakdown))
@@ -249,13 +261,17 @@ def step_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
 @cached_frame("step_windows")
 def step_windows(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """The step windows alone: ``run, rank, step, cpu_start_ns, cpu_end_ns, gpu_end_ns,
-    start_ns, end_ns, dur_ns`` (``gpu_end_ns`` null when the step launched no GPU work)."""
+    start_ns, end_ns, dur_ns`` (``gpu_end_ns`` null when the step launched no GPU work), on every
+    rank with steps, GPU work or not.
+
+    Read from ``rank_step_windows`` (computed per trace at ingest). A rank with several traces
+    gets each trace's windows: the same as one pass over the rank's steps, since its traces
+    never overlap in time (a window starts no earlier than the previous one's reach)."""
     rf, extra = rank_filter(ranks)
     query = f"""
-    WITH {gpu_cte(rf)}, {window_ctes(rf)}
-    SELECT $run AS run, rank, step, cpu_start AS cpu_start_ns, cpu_end AS cpu_end_ns,
-           gpu_end AS gpu_end_ns, w0 AS start_ns, w1 AS end_ns, w1 - w0 AS dur_ns
-    FROM win ORDER BY rank, step
+    SELECT $run AS run, rank, step, cpu_start_ns, cpu_end_ns, gpu_end_ns, start_ns, end_ns,
+           end_ns - start_ns AS dur_ns
+    FROM rank_step_windows WHERE run = $run AND {rf} ORDER BY rank, step
     """
     return _run(store, query, run, extra)
 
@@ -280,13 +296,71 @@ def host_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
     return table
 
 
+def segment_cuts(breakdown: Breakdown, rf: str, windows: str = "win") -> str:
+    """CTE ``_cut(rank, step, part, s0, s1)``: the stretches of ``rank_segments`` (``part``: an
+    entry of :data:`stepscope.store.rankstats.segments.STORED`) of ``breakdown`` clipped to each
+    window of ``windows(rank, step, w0, w1)``."""
+    return f"""
+    _cut AS (
+        SELECT w.rank, w.step, s.part, greatest(s.s0, w.w0) AS s0, least(s.s1, w.w1) AS s1
+        FROM {windows} w
+        JOIN (SELECT rank, part, s0, s1 FROM rank_segments
+              WHERE run = $run AND {rf} AND breakdown = '{breakdown.name}') s
+          ON s.rank = w.rank AND s.s0 < w.w1 AND s.s1 > w.w0 AND w.w0 < w.w1
+    )"""
+
+
+def _segments_query(breakdown: Breakdown, rf: str, win: str, matched: bool) -> str:
+    """The breakdown of every window of ``win`` from the stretches stored at ingest
+    (``rank_segments``), with the cross-rank wait splits added: the same columns and values as
+    :func:`_parts_query` gives over the events. Each window's stored stretches are clipped to it
+    and summed per entry; the last part (idle, other) is the rest of the window, and a part's
+    :data:`~stepscope.store.rankstats.segments.REMAINDER` sub-part (host wait) the rest of that
+    part on a rank with GPU work (none is known on a rank without: zero, as over the events)."""
+    last = breakdown.parts[-1]
+    entries = STORED[breakdown]
+    sums = ", ".join(f"sum(s1 - s0) FILTER (part = '{e.name}') AS {e.column}" for e in entries)
+    claimed = " + ".join(f"coalesce(s.{p.column}, 0)" for p in breakdown.parts[:-1])
+    rest = f"w.w1 - w.w0 - ({claimed})"
+    columns = [f"coalesce(s.{e.column}, 0)::BIGINT AS {e.column}" for e in entries]
+    columns.append(f"({rest})::BIGINT AS {last.column}")
+    gpu_ranks = ""
+    for part, remainder in REMAINDER.items():
+        if part not in breakdown.parts:
+            continue
+        others = " + ".join(f"coalesce(s.{c.column}, 0)" for c in part.sub_parts if c is not remainder)
+        part_ns = rest if part is last else f"coalesce(s.{part.column}, 0)"
+        gpu_ranks = (", _gpu_ranks AS (SELECT DISTINCT rank FROM rank_gpu_totals "
+                     f"WHERE run = $run AND scope = 'all' AND {rf})")
+        columns.append(f"(CASE WHEN w.rank IN (SELECT rank FROM _gpu_ranks) THEN {part_ns} - ({others}) ELSE 0 END)"
+                       f"::BIGINT AS {remainder.column}")
+    split_ctes, split_columns, split_joins = _split_sql(_spans(breakdown), matched)
+    spans = "".join(f", _spans_{p.name} AS (SELECT rank, step, s0, s1 FROM _cut WHERE part = '{p.name}')"
+                    for p in _spans(breakdown))
+    selected = [f"coalesce({split_columns.get(c, 'p.' + c)}, 0)::BIGINT AS {c}" for c in breakdown.all_columns]
+    return f"""
+    WITH {win},
+    {segment_cuts(breakdown, rf)},
+    _sums AS (SELECT rank, step, {sums} FROM _cut GROUP BY rank, step){gpu_ranks},
+    _parts AS (SELECT w.rank, w.step, {", ".join(columns)} FROM win w LEFT JOIN _sums s USING (rank, step)){spans}
+    {split_ctes}
+    SELECT w.rank, w.step AS key, w.w0, w.w1, {", ".join(selected)}
+    FROM win w LEFT JOIN _parts p USING (rank, step)
+    {split_joins}
+    ORDER BY w.rank, w.step
+    """
+
+
 def parts_over(store: SQLStore, run: str, breakdown: Breakdown,
                windows: Sequence[tuple[int, int, int, int]]) -> pa.Table:
     """The breakdown (:data:`GPU` or :data:`HOST`) of arbitrary windows ``(rank, key, w0, w1)``,
     disjoint per rank and keys unique per rank, e.g. from a step's start to a collective's start.
 
     Columns: ``rank, key, w0, w1``, then ``breakdown.all_columns`` (the parts sum to ``w1 - w0``).
-    The same SQL as the step breakdowns, over other windows.
+    Read from the time lines stored at ingest (``rank_segments``: :func:`_segments_query`),
+    with the same values as the step breakdowns' SQL over the events (:func:`_parts_query`)
+    gives over these windows. A window of a rank with several traces is split by all of them
+    (they never overlap in time); a gap between two traces' GPU work counts as host wait.
     """
     if not windows:
         return pa.table({"rank": pa.array([], pa.int64())})
@@ -294,8 +368,7 @@ def parts_over(store: SQLStore, run: str, breakdown: Breakdown,
     rf, extra = rank_filter(ranks)
     values = ", ".join(f"({int(r)}, {int(k)}, {int(a)}, {int(b)})" for r, k, a, b in windows)
     win = f"win AS MATERIALIZED (SELECT * FROM (VALUES {values}) AS t(rank, step, w0, w1))"
-    return _run(store, _parts_query(breakdown, rf, win, "w.rank, w.step AS key, w.w0, w.w1",
-                                    matched=ranks_with_collectives(store, run) >= 2), run, extra)
+    return _run(store, _segments_query(breakdown, rf, win, ranks_with_collectives(store, run) >= 2), run, extra)
 
 
 @cached_frame("rank_totals")

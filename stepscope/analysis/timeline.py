@@ -2,23 +2,25 @@
 
 The dashboard's cross-rank timeline draws it: a lane per rank, each lane cut into the step's
 parts (:mod:`stepscope.store.rankstats.parts`: compute, communication waiting for peers and transfer,
-copies, idle; the host's parts on a run without GPU events) by the same sweep as the step
-breakdown, with the waits of :mod:`stepscope.analysis.matching` as one more class, so a
-segment of exposed communication is a wait where a wait interval covers it and a transfer
-elsewhere. Times are clock-aligned (each rank's ``clock_correction_ns`` subtracted) so that the
-lanes line up. Definitions: docs/ANALYSIS.md, "Step timeline".
+copies, idle; the host's parts on a run without GPU work) from the rank's time line stored at
+ingest (``rank_segments``: the step breakdown's sweep, merged), clipped to the step's window,
+with the waits of :mod:`stepscope.analysis.matching` cut out of it: a stretch of exposed
+communication is a wait where a wait covers it and a transfer elsewhere. Times are
+clock-aligned (each rank's ``clock_correction_ns`` subtracted) so that the lanes line up.
+Definitions: docs/ANALYSIS.md, "Step timeline".
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from stepscope.analysis._sql import rank_filter, sweep_ctes
 from stepscope.analysis.absent import Absent, Maybe
-from stepscope.store.rankstats.breakdown import exclusive, iv_ctes, window_ctes
+from stepscope.analysis.breakdown import segment_cuts, wait_island_ctes
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.matching import collective_ctes, ranks_with_collectives
+from stepscope.store.rankstats.breakdown import sql_list
 from stepscope.store.rankstats.parts import COMM_EXPOSED, COMMUNICATION_OPS, GPU, HOST, Breakdown, Part
+from stepscope.store.rankstats.segments import STORED, stored_causes
 from stepscope.analysis.sections import SQLStore
 
 _SPLIT_BY_WAITS: dict[Breakdown, Part] = {GPU: COMM_EXPOSED, HOST: COMMUNICATION_OPS}
@@ -33,53 +35,55 @@ def timeline_parts(breakdown: Breakdown) -> tuple[Part, ...]:
     return tuple(q for p in breakdown.parts for q in (p.sub_parts if p is split else (p,)))
 
 
-def _part_case(breakdown: Breakdown, wait_class: int) -> str:
-    """``CASE``: a segment of the sweep -> the name of the leaf it belongs to."""
-    whens = []
+def _holes(out: str, frames: str, pieces: str, key: str) -> str:
+    """CTE ``out(<key>, s0, s1)``: the stretches of each frame ``frames(<key>, w0, w1)`` that no
+    piece of ``pieces(<key>, s0, s1)`` covers (the pieces are disjoint and inside their frame)."""
+    return f"""
+    {out} AS (
+        SELECT {key}, s0, s1 FROM (
+            SELECT {key}, coalesce(lag(m.s1) OVER (PARTITION BY {key} ORDER BY m.s0, m.s1), f.w0) AS s0, m.s0 AS s1
+            FROM (SELECT {key}, s0, s1 FROM {pieces} UNION ALL SELECT {key}, w1, w1 FROM {frames}) m
+            JOIN {frames} f USING ({key})
+        ) WHERE s1 > s0
+    )"""
+
+
+def _leaf_ctes(breakdown: Breakdown) -> str:
+    """CTEs ending in ``_parts(rank, s0, s1, part)``: the step's windows ``_win_step`` cut into
+    the parts of :func:`timeline_parts`, from the stored stretches (``_cut``) and the waits of
+    ``coll``: the stored causes of idle are idle again, the part the waits split is a wait where
+    a wait island covers it and a transfer elsewhere, and the time no stretch covers is the
+    breakdown's last part (idle, other)."""
     split = _SPLIT_BY_WAITS[breakdown]
     wait, transfer = split.sub_parts
-    for part in breakdown.parts:
-        if part is split:
-            whens.append(f"WHEN {exclusive(breakdown, part)} AND n{wait_class} > 0 THEN '{wait.name}'")
-            whens.append(f"WHEN {exclusive(breakdown, part)} THEN '{transfer.name}'")
-        else:
-            whens.append(f"WHEN {exclusive(breakdown, part)} THEN '{part.name}'")
-    return "CASE " + " ".join(whens) + " END"
-
-
-@cached_frame("step_timeline")
-def step_timeline(store: SQLStore, run: str, step: int, ranks: None = None) -> Maybe[pa.Table]:
-    """Per rank, the step ``step`` as consecutive segments of one part: ``run, rank, part, t0_ns,
-    t1_ns, dur_ns`` (``t0_ns``/``t1_ns`` clock-aligned, absolute), and ``breakdown`` (``gpu``, or
-    ``host`` on a run without GPU events). Consecutive elementary segments of one part are merged;
-    ``idle`` (GPU) and ``other`` (host) are the time nothing runs."""
-    has_gpu = store.sql("SELECT count(*) AS n FROM events WHERE run = $run AND kind = 'kernel'",
-                        {"run": run}).to_pylist()[0]["n"] > 0
-    breakdown = GPU if has_gpu else HOST
-    rf, extra = rank_filter(None)
-    if breakdown is GPU:
-        win = f"{window_ctes(rf)}, _win_step AS (SELECT rank, step, w0, w1 FROM win WHERE step = $step)"
-    else:
-        win = ("_win_step AS (SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM steps "
-               "WHERE run = $run AND step = $step)")
-    wait_class = len(breakdown.classes)
-    side = "" if breakdown is HOST else "NOT "
-    # with fewer than two ranks with collectives nothing is matched: no waits, no clock corrections
-    coll = collective_ctes() if ranks_with_collectives(store, run) >= 2 else (
-        "coll AS (SELECT NULL::BIGINT AS rank, NULL::BIGINT AS ts_ns, NULL::BIGINT AS wait_ns, "
-        "NULL::BOOLEAN AS host_side, NULL::BIGINT AS clock_correction_ns WHERE FALSE)")
-    query = f"""
-    WITH {iv_ctes(breakdown, rf)},
-    {win},
-    {coll},
-    _iv_all AS (
-        SELECT rank, t0, t1, cls FROM iv
-        WHERE t1 > (SELECT min(w0) FROM _win_step) AND t0 < (SELECT max(w1) FROM _win_step)
-        UNION ALL
-        SELECT rank, ts_ns, ts_ns + wait_ns, {wait_class} FROM coll WHERE {side}host_side AND wait_ns > 0
+    whens = " ".join(f"WHEN '{c.name}' THEN '{p.name}'" for p in breakdown.parts for c in p.sub_parts
+                     if c in stored_causes(breakdown))
+    as_part = f"CASE part {whens} ELSE part END" if whens else "part"
+    parts = sql_list([e.name for e in STORED[breakdown] if e in breakdown.parts or e in stored_causes(breakdown)])
+    return f"""
+    _pieces AS (
+        SELECT rank, step, {as_part} AS part, s0, s1 FROM _cut WHERE part IN {parts}
     ),
-    {sweep_ctes(wait_class + 1, iv="_iv_all", win="_win_step")},
-    _parts AS (SELECT rank, s0, s1, {_part_case(breakdown, wait_class)} AS part FROM seg),
+    {wait_island_ctes(breakdown is HOST, "_win_step")},
+    _split AS (SELECT rank, step, s0 AS f0, s0 AS w0, s1 AS w1 FROM _pieces WHERE part = '{split.name}'),
+    _waits AS (
+        SELECT p.rank, p.step, p.w0 AS f0, greatest(p.w0, i.t0) AS s0, least(p.w1, i.t1) AS s1
+        FROM _split p JOIN _wait_islands i ON i.rank = p.rank AND i.t0 < p.w1 AND i.t1 > p.w0
+    ),
+    {_holes("_transfers", "_split", "_waits", "rank, step, f0")},
+    {_holes("_rest", "_win_step", "_pieces", "rank, step")},
+    _parts AS (
+        SELECT rank, s0, s1, part FROM _pieces WHERE part <> '{split.name}'
+        UNION ALL SELECT rank, s0, s1, '{wait.name}' FROM _waits
+        UNION ALL SELECT rank, s0, s1, '{transfer.name}' FROM _transfers
+        UNION ALL SELECT rank, s0, s1, '{breakdown.parts[-1].name}' FROM _rest
+    )"""
+
+
+def lanes(breakdown: Breakdown) -> str:
+    """The end of a timeline query: the pieces of ``_parts(rank, s0, s1, part)`` merged where
+    consecutive pieces of a rank have one part, clock-aligned with ``coll``'s corrections."""
+    return f"""
     _starts AS (
         SELECT *, CASE WHEN lag(part) OVER w = part AND lag(s1) OVER w = s0 THEN 0 ELSE 1 END AS starts
         FROM _parts WINDOW w AS (PARTITION BY rank ORDER BY s0)
@@ -93,9 +97,41 @@ def step_timeline(store: SQLStore, run: str, step: int, ranks: None = None) -> M
            '{breakdown.name}' AS breakdown
     FROM _runs r LEFT JOIN _corr c USING (rank)
     GROUP BY r.rank, r.part, r.piece
-    ORDER BY r.rank, t0_ns
+    ORDER BY r.rank, t0_ns"""
+
+
+@cached_frame("step_timeline")
+def step_timeline(store: SQLStore, run: str, step: int, ranks: None = None) -> Maybe[pa.Table]:
+    """Per rank, the step ``step`` as consecutive segments of one part: ``run, rank, part, t0_ns,
+    t1_ns, dur_ns`` (``t0_ns``/``t1_ns`` clock-aligned, absolute), and ``breakdown`` (``gpu``, or
+    ``host`` on a run without GPU work: no kernel, copy or memset of positive duration).
+    Consecutive segments of one part are merged; ``idle`` (GPU) and ``other`` (host) are the
+    time nothing runs.
+
+    Read from the time lines stored at ingest (``rank_segments``) clipped to the step's windows
+    (``rank_step_windows`` on the GPU, the ProfilerStep on the host), with the waits of the
+    collectives matched across ranks cut out of exposed communication."""
+    has_gpu = store.sql("SELECT count(*) AS n FROM rank_gpu_totals WHERE run = $run AND scope = 'all'",
+                        {"run": run}).to_pylist()[0]["n"] > 0
+    breakdown = GPU if has_gpu else HOST
+    if breakdown is GPU:
+        win = ("_win_step AS (SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM rank_step_windows "
+               "WHERE run = $run AND step = $step)")
+    else:
+        win = ("_win_step AS (SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM steps "
+               "WHERE run = $run AND step = $step)")
+    # with fewer than two ranks with collectives nothing is matched: no waits, no clock corrections
+    coll = collective_ctes() if ranks_with_collectives(store, run) >= 2 else (
+        "coll AS (SELECT NULL::BIGINT AS rank, NULL::BIGINT AS ts_ns, NULL::BIGINT AS wait_ns, "
+        "NULL::BOOLEAN AS host_side, NULL::BIGINT AS clock_correction_ns WHERE FALSE)")
+    query = f"""
+    WITH {win},
+    {coll},
+    {segment_cuts(breakdown, "TRUE", "_win_step")},
+    {_leaf_ctes(breakdown)},
+    {lanes(breakdown)}
     """
-    table = store.sql(query, {"run": run, "step": int(step), **extra})
+    table = store.sql(query, {"run": run, "step": int(step)})
     if table.num_rows == 0:
         return Absent(f"step {step} has no window on any rank of this run")
     return table

@@ -449,6 +449,29 @@ RANK_FLOP_TRACES = pa.schema(
     ]
 )
 """What FLOP counting needs to know of each trace of a rank (``stepscope.store.rankstats.flops``)."""
+RANK_STEP_WINDOWS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("cpu_start_ns", pa.int64()),
+        pa.field("cpu_end_ns", pa.int64()),
+        pa.field("gpu_end_ns", pa.int64()),
+        pa.field("start_ns", pa.int64()),
+        pa.field("end_ns", pa.int64()),
+    ]
+)
+"""Each rank's step windows (``stepscope.store.rankstats.segments``)."""
+
+RANK_SEGMENTS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("breakdown", _STR, nullable=False),
+        pa.field("part", _STR, nullable=False),
+        pa.field("s0", pa.int64(), nullable=False),
+        pa.field("s1", pa.int64(), nullable=False),
+    ]
+)
+"""Each rank's time line, cut into its parts (``stepscope.store.rankstats.segments``)."""
 
 
 @dataclass(frozen=True)
@@ -491,6 +514,8 @@ TABLES: dict[str, Table] = {
         Table("rank_pipeline_work", RANK_PIPELINE_WORK, "one row per work item of a pipeline rank, with its phase (computed at ingest)"),
         Table("rank_flop_ops", RANK_FLOP_OPS, "one row per matrix product, convolution or attention op of a rank, with its FLOPs (computed at ingest)"),
         Table("rank_flop_traces", RANK_FLOP_TRACES, "one row per trace of a rank: shapes recorded, GPU kernels, kernel launches (computed at ingest)"),
+        Table("rank_step_windows", RANK_STEP_WINDOWS, "one row per step of a rank: its window (computed at ingest)"),
+        Table("rank_segments", RANK_SEGMENTS, "one row per stretch of a rank's time line where a part holds (computed at ingest)"),
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""

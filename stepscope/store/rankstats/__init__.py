@@ -30,6 +30,8 @@ it has not been stored); it imports neither, nor torch, nor streamlit.
 - ``flops.py``: the FLOP formulas of matrix products, convolutions and attention as SQL, each
   product counted once, and the kernels of the counted ops (tables ``rank_flop_ops`` and
   ``rank_flop_traces``).
+- ``segments.py``: each trace's time line cut into its parts (``rank_segments``, what arbitrary
+  windows and the step timeline are split by) and its step windows (``rank_step_windows``).
 """
 
 from stepscope.store.rankstats.reduce import TABLES, RankTable, params, prepare, trace_views  # noqa: E402

@@ -156,9 +156,9 @@ IDLE_CAUSE_RULES: dict[Part, str] = {
 time line (``l.launch_ns``: when the work ending the gap was launched) names the gap's cause."""
 
 
-def idle_split() -> str:
-    """CTEs ending in ``_split_idle(rank, step, <idle sub-part columns>)``: every gap between the
-    rank's GPU work (unclipped by windows) gets its cause, then is clipped to the step windows."""
+def gap_ctes() -> str:
+    """CTEs ending in ``_caused(rank, g0, g1, idle_cause)``: every gap between the rank's GPU work
+    (``gpu``; ``g0`` null before the first, ``g1`` null after the last) with its HTA cause."""
     if set(IDLE_CAUSE_RULES) != set(IDLE.sub_parts):
         raise ValueError("the idle-cause rules and the sub-parts of stepscope.store.rankstats.parts.IDLE differ")
     causes = " ".join(f"WHEN ({rule}) THEN '{cause.name}'" for cause, rule in IDLE_CAUSE_RULES.items())
@@ -193,7 +193,13 @@ def idle_split() -> str:
         SELECT g.rank, g.g0, g.g1,
             CASE {causes} END AS idle_cause
         FROM _gaps g LEFT JOIN _launch l ON l.rank = g.rank AND l.t0 = g.g1
-    ),
+    )"""
+
+
+def _idle_clip() -> str:
+    """CTEs ending in ``_split_idle(rank, step, <idle sub-part columns>)``: the gaps of
+    ``_caused`` (:func:`gap_ctes`) clipped to the windows ``win``, summed per cause."""
+    return f"""
     _idle AS (
         SELECT w.rank, w.step, c.idle_cause,
                least(coalesce(c.g1, w.w1), w.w1) - greatest(coalesce(c.g0, w.w0), w.w0) AS len
@@ -205,6 +211,17 @@ def idle_split() -> str:
             {", ".join(ns_column(f"sum(len) FILTER (idle_cause = '{c.name}')", c.column) for c in IDLE.sub_parts)}
         FROM _idle GROUP BY rank, step
     )"""
+
+
+def idle_split() -> str:
+    """CTEs ending in ``_split_idle(rank, step, <idle sub-part columns>)``: every gap between the
+    rank's GPU work (unclipped by windows) gets its cause, then is clipped to the step windows."""
+    return f"{gap_ctes()}, {_idle_clip()}"
+
+
+def prepared_idle_split() -> str:
+    """:func:`idle_split` at ingest, from the gaps :data:`PREPARE` computed once (``_rs_gpu_gaps``)."""
+    return f"_caused AS (FROM _rs_{GPU.name}_gaps), {_idle_clip()}"
 
 
 def iv_ctes(breakdown: Breakdown, rf: str) -> str:
@@ -249,6 +266,9 @@ RANK_SPLITS = {IDLE: idle_split}
 """Sub-part splits that a rank's own events decide (the idle causes), computed at ingest. The
 other splits (waiting for peers) need collectives matched across ranks: the analyses do them."""
 
+PREPARED_SPLITS = {IDLE: prepared_idle_split}
+""":data:`RANK_SPLITS` as ingest runs them, over the temporary tables of :data:`PREPARE`."""
+
 WAIT_SPLIT_PARTS: tuple[Part, ...] = tuple(
     p for b in BREAKDOWNS for p in b.parts if set(p.sub_parts) & set(PEER_WAITS))
 """The parts split into waiting for peers and transfer: their time line is ``rank_comm_spans``."""
@@ -278,11 +298,15 @@ def _prepared(breakdown: Breakdown) -> str:
 
 def _prepare(breakdown: Breakdown) -> tuple[str, ...]:
     """Statements making one trace's intervals, windows and sweep of ``breakdown`` temporary
-    tables: the sweep runs once for both the parts and the spans of exposed communication."""
+    tables: the sweep runs once for the parts, the spans of exposed communication and the whole
+    time line (``_rs_<name>_line``: its segments outside the step windows too, for
+    ``rank_segments``; ``_rs_<name>_seg``: those inside)."""
     b = breakdown.name
     if breakdown is GPU:
         intervals = (f"CREATE OR REPLACE TEMP TABLE _rs_{b}_gpu AS WITH {gpu_cte('TRUE')} SELECT * FROM gpu",
-                     f"CREATE OR REPLACE TEMP TABLE _rs_{b}_iv AS SELECT rank, t0, t1, cls FROM _rs_{b}_gpu")
+                     f"CREATE OR REPLACE TEMP TABLE _rs_{b}_iv AS SELECT rank, t0, t1, cls FROM _rs_{b}_gpu",
+                     f"CREATE OR REPLACE TEMP TABLE _rs_{b}_gaps AS WITH gpu AS (FROM _rs_{b}_gpu), {gap_ctes()} "
+                     "SELECT * FROM _caused")
         reads_gpu = f"gpu AS (FROM _rs_{b}_gpu), "
     else:
         intervals = (f"CREATE OR REPLACE TEMP TABLE _rs_{b}_iv AS WITH {iv_ctes(breakdown, 'TRUE')} SELECT * FROM iv",)
@@ -291,8 +315,9 @@ def _prepare(breakdown: Breakdown) -> tuple[str, ...]:
         *intervals,
         f"CREATE OR REPLACE TEMP TABLE _rs_{b}_win AS WITH {reads_gpu}{step_window_ctes(breakdown, 'TRUE')} "
         "SELECT * FROM win",
-        f"CREATE OR REPLACE TEMP TABLE _rs_{b}_seg AS WITH iv AS (FROM _rs_{b}_iv), win AS (FROM _rs_{b}_win), "
-        f"{sweep_ctes(len(breakdown.classes))} SELECT * FROM seg",
+        f"CREATE OR REPLACE TEMP TABLE _rs_{b}_line AS WITH iv AS (FROM _rs_{b}_iv), win AS (FROM _rs_{b}_win), "
+        f"{sweep_ctes(len(breakdown.classes), outside=True)} SELECT * FROM seg",
+        f"CREATE OR REPLACE TEMP VIEW _rs_{b}_seg AS SELECT * EXCLUDE (inwin) FROM _rs_{b}_line WHERE inwin > 0",
     )
 
 
@@ -306,8 +331,8 @@ _SOURCE = "(SELECT any_value(source) FROM steps)"
 def rank_step_query(breakdown: Breakdown) -> str:
     """``rank_step_<name>``: one row per step of the trace (GPU: of a rank with GPU work) with
     its window and :func:`stored_columns`."""
-    splits = [p for p in breakdown.parts if p in RANK_SPLITS]
-    split_ctes = "".join("," + RANK_SPLITS[p]() for p in splits)
+    splits = [p for p in breakdown.parts if p in PREPARED_SPLITS]
+    split_ctes = "".join("," + PREPARED_SPLITS[p]() for p in splits)
     joins = " ".join(f"LEFT JOIN _split_{p.name} USING (rank, step)" for p in splits)
     split_columns = {s.column: f"_split_{p.name}.{s.column}" for p in splits for s in p.sub_parts}
     columns = [f"coalesce({split_columns.get(c, 'p.' + c)}, 0)::BIGINT AS {c}" for c in stored_columns(breakdown)]

@@ -22,6 +22,7 @@ from stepscope.store.rankstats.memory import (RANK_MEMORY_ALLOCATIONS, RANK_MEMO
                                               RANK_MEMORY_PEAKS, RANK_MEMORY_STEPS)
 from stepscope.store.rankstats.parts import GPU, HOST
 from stepscope.store.rankstats.pipeline import RANK_P2P, RANK_PIPELINE_ACTIONS, RANK_PIPELINE_WORK
+from stepscope.store.rankstats.segments import segments_query, step_windows_query
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ TABLES: tuple[RankTable, ...] = (
     RankTable("rank_pipeline_work", RANK_PIPELINE_WORK),
     RankTable("rank_flop_ops", RANK_FLOP_OPS),
     RankTable("rank_flop_traces", RANK_FLOP_TRACES),
+    RankTable("rank_step_windows", step_windows_query()),
+    RankTable("rank_segments", segments_query()),
 )
 """Every per-rank table, in the order they are written."""
 

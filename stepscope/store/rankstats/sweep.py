@@ -22,18 +22,20 @@ from __future__ import annotations
 CLASS_BITS = 15
 """Bits per class in the packed running count: up to 32,767 intervals of one class active at
 once on one rank (a GPU runs at most a few hundred kernels concurrently). Eight classes fit the
-120 bits: the GPU's seven and the waits the step timeline (:mod:`stepscope.analysis.timeline`)
-adds."""
+120 bits: the GPU's seven and one more (the waits, in the tests' reference sweep of the step
+timeline)."""
 
 
-def sweep_ctes(n_classes: int, *, iv: str = "iv", win: str = "win") -> str:
+def sweep_ctes(n_classes: int, *, iv: str = "iv", win: str = "win", outside: bool = False) -> str:
     """CTEs ``_pts, _deltas, _seg, _segflag, seg`` over relations ``iv`` and ``win`` (module docs).
 
     ``iv(rank, t0, t1, cls)``: half-open intervals ``[t0, t1)``, ``cls`` in ``0..n_classes-1``.
     ``win(rank, step, w0, w1)``: disjoint windows per rank.
     Result ``seg(rank, step, s0, s1, len, n0..n{k-1}, busy)``: the elementary segments that lie
     inside a window, with the number of active intervals of each class. ``busy`` is true when
-    any class is active.
+    any class is active. ``outside``: keep the segments outside the windows too (``step`` 0
+    there), with a column ``inwin`` (1 inside a window, 0 outside): the whole time line from
+    the rank's first point to its last, cut at the window edges, in one pass.
 
     Speed: the per-class counts travel packed in one HUGEINT (``CLASS_BITS`` bits per class),
     and the window edges are points on the same time line carrying +1/-1 (inside a window) and
@@ -78,7 +80,7 @@ _segflag AS (
     FROM _seg WHERE s1 IS NOT NULL
 ),
 seg AS MATERIALIZED (
-    SELECT * EXCLUDE (inwin) FROM _segflag WHERE inwin > 0
+    {"SELECT * FROM _segflag" if outside else "SELECT * EXCLUDE (inwin) FROM _segflag WHERE inwin > 0"}
 )"""
 
 
