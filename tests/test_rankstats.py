@@ -19,7 +19,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from stepscope.analysis.absent import Absent
@@ -37,6 +36,7 @@ from stepscope.store.rankstats.collectives import HIDING_SQL, collective_point_c
 from stepscope.store.rankstats.phase import gpu_phase_ctes
 from stepscope.store.rankstats.sweep import hidden_ctes, sweep_ctes
 from stepscope.store.rankstats.parts import COMM_EXPOSED, COMPUTE, GPU, HOST, Breakdown
+from tests._store_versions import as_older_version
 from tests._intervals import clip, length, load_trace, to_ns, union
 
 from tests.test_breakdown import GPU_STEP_TRACES  # noqa: E402 - every shared trace with steps and GPU work
@@ -87,19 +87,6 @@ def test_stored_hidden_time_against_the_raw_json(ingested, shared_traces: Path) 
     assert sorted(r["hidden_ns"] for r in rows) == expected
 
 
-def _downgrade(store: Path) -> None:
-    """Make ``store`` look written by schema version 1: no rank tables, sources without
-    ``process_id``, version 1 in their metadata."""
-    for table in rankstats.TABLES:
-        for part in (store / table.name).rglob("*.parquet"):
-            part.unlink()
-    for part in (store / "sources").rglob("*.parquet"):
-        table = pq.read_table(part)
-        table = table.drop_columns([c for c in ("process_id", "run", "rank") if c in table.column_names])
-        pq.write_table(table.replace_schema_metadata({b"stepscope.schema_version": b"1",
-                                                      b"stepscope.table": b"sources"}), part)
-
-
 @pytest.mark.shared
 def test_an_older_store_is_refused_until_migrated(ingested, tmp_path: Path, capsys) -> None:
     import shutil
@@ -109,7 +96,7 @@ def test_an_older_store_is_refused_until_migrated(ingested, tmp_path: Path, caps
     before = open_store(store).sql(f"SELECT {COLUMNS} FROM rank_copies ORDER BY ts_ns, name").to_pylist()
     breakdown_before = _stored(open_store(store), GPU)
     pid = open_store(store).sql("SELECT process_id FROM sources").to_pylist()
-    _downgrade(store)
+    as_older_version(store, 1, [t.name for t in rankstats.TABLES], columns=["process_id"])
     with pytest.raises(StoreError, match=r"schema version 1, older .*stepscope migrate --store"):
         open_store(store)
     assert main(["summary", "--store", str(store)]) == 3

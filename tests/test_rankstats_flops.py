@@ -14,7 +14,6 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-import pyarrow.parquet as pq
 import pytest
 
 from stepscope.analysis.flops import OPS_SCHEMA, _shapes_recorded, flop_ops, flops_by_family, mfu_steps, rank_devices
@@ -22,6 +21,7 @@ from stepscope.cli import main
 from stepscope.errors import StoreError
 from stepscope.store import open_store
 from stepscope.store.ingest import ingest_paths
+from tests._store_versions import as_older_version
 from tests._flop_reference import reference_ops
 
 FLOP_TRACES = [
@@ -191,24 +191,13 @@ def test_a_rank_of_two_traces(make_trace: Callable[..., Path], tmp_path: Path) -
     assert [r["kernel_ns"] for r in mfu_steps(store, "r").to_pylist()] == [7000, 0]
 
 
-def _as_version_2(store: Path) -> None:
-    """Make ``store`` look written by schema version 2: no FLOP tables, version 2 in the sources."""
-    for table in ("rank_flop_ops", "rank_flop_traces"):
-        shutil.rmtree(store / table, ignore_errors=True)
-    for part in (store / "sources").rglob("*.parquet"):
-        table = pq.read_table(part)
-        table = table.drop_columns([c for c in ("run", "rank") if c in table.column_names])
-        pq.write_table(table.replace_schema_metadata({b"stepscope.schema_version": b"2",
-                                                      b"stepscope.table": b"sources"}), part)
-
-
 @pytest.mark.shared
 def test_a_version_2_store_gets_its_flop_tables_from_migrate(ingested: Callable[[str], Path], tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     store = tmp_path / "store"
     shutil.copytree(ingested("hta/trace_diff/control/control.json.gz"), store)
     before = (flop_ops.__wrapped__(open_store(store), "t"), mfu_steps(open_store(store), "t"))
-    _as_version_2(store)
+    as_older_version(store, 2, ("rank_flop_ops", "rank_flop_traces"))
     with pytest.raises(StoreError, match=r"schema version 2, older .*stepscope migrate --store"):
         open_store(store)
     assert main(["migrate", "--store", str(store)]) == 0

@@ -17,7 +17,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from stepscope.analysis.kernels import launch_overhead
@@ -37,6 +36,7 @@ from stepscope.store.rankstats.breakdown import GPU_KINDS_SQL
 from stepscope.store.rankstats.memory import memory_cte, stack_cte, threads_cte
 from stepscope.store.schema import MEMORY_ROLES
 from stepscope.store.writer import write_partition
+from tests._store_versions import as_older_version
 from tests.conftest import write_trace
 from tests.test_breakdown import GPU_STEP_TRACES
 
@@ -344,11 +344,7 @@ def test_a_version_2_store_is_refused_until_migrated(ingested, tmp_path: Path, c
     shutil.rmtree(store / "cache", ignore_errors=True)
     fresh = _answers(open_store(store))
     assert all(fresh)
-    for table in MINE:
-        shutil.rmtree(store / table)
-    for part in (store / "sources").rglob("*.parquet"):
-        table = pq.read_table(part)
-        pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"stepscope.schema_version": b"2"}), part)
+    as_older_version(store, 2, MINE)
     with pytest.raises(StoreError, match=r"schema version 2, older .*stepscope migrate --store"):
         open_store(store)
     assert main(["migrate", "--store", str(store)]) == 0

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-import pyarrow.parquet as pq
 import pytest
 
 from stepscope.analysis.pipeline import PipelineResult, pipeline_analysis, work_items
@@ -30,6 +29,7 @@ from stepscope.errors import StoreError
 from stepscope.store import open_store
 from stepscope.store.ingest import ingest_paths
 from stepscope.store.rankstats.phase import phase_cte
+from tests._store_versions import as_older_version
 from tests._intervals import load_trace, to_ns
 from tests.conftest import load_raw
 from tests.test_pipeline import RUNS, SAMPLES, _gpu_rank, pp_store  # noqa: F401 - pp_store: the module fixture
@@ -193,18 +193,6 @@ def test_shared_traces_have_no_pipeline_rows(ingested: Callable[[str], Path], sh
 # ---- a store written before these tables ----
 
 
-def _downgrade_to_2(root: Path) -> None:
-    """Make ``root`` look written by schema version 2: none of this module's tables, version 2 in
-    the sources' metadata."""
-    for table in NEW_TABLES:
-        shutil.rmtree(root / table, ignore_errors=True)
-    for part in (root / "sources").rglob("*.parquet"):
-        table = pq.read_table(part)
-        table = table.drop_columns([c for c in ("run", "rank") if c in table.column_names])
-        pq.write_table(table.replace_schema_metadata({b"stepscope.schema_version": b"2",
-                                                      b"stepscope.table": b"sources"}), part)
-
-
 def _answers(root: Path) -> dict[str, Any]:
     result = pipeline_analysis(open_store(root), "pp-1f1b-3stages-slow")
     assert isinstance(result, PipelineResult)
@@ -216,7 +204,7 @@ def test_a_version_2_store_is_refused_until_migrated(pp_store: Any, tmp_path: Pa
     root = tmp_path / "store"
     shutil.copytree(pp_store.root, root, ignore=shutil.ignore_patterns("cache"))
     before = _answers(root)
-    _downgrade_to_2(root)
+    as_older_version(root, 2, NEW_TABLES)
     with pytest.raises(StoreError, match=r"schema version 2, older .*stepscope migrate --store"):
         open_store(root)
     assert main(["migrate", "--store", str(root)]) == 0

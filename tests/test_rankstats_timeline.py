@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from stepscope.analysis import Absent
@@ -29,6 +28,7 @@ from stepscope.store import open_store, rankstats
 from stepscope.store.ingest import ingest_paths
 from stepscope.store.rankstats.breakdown import exclusive, gpu_cte, iv_ctes, window_ctes
 from stepscope.store.rankstats.parts import GPU, HOST, Breakdown
+from tests._store_versions import as_older_version
 from tests.conftest import REPO
 from tests.test_breakdown import GPU_STEP_TRACES
 from tests.test_rankstats import HOST_ONLY_TRACES
@@ -239,18 +239,6 @@ def test_a_run_with_copies_and_no_kernel_is_a_gpu_run_now(make_trace, tmp_path: 
 
 # ---- a version-2 store gets the tables from stepscope migrate ----------------------------------
 
-def _downgrade_to_2(store: Path) -> None:
-    """Make ``store`` look written by schema version 2: without this module's tables, version 2 in
-    the sources parts' metadata."""
-    for name in NEW_TABLES:
-        shutil.rmtree(store / name, ignore_errors=True)
-    for part in (store / "sources").rglob("*.parquet"):
-        table = pq.read_table(part)
-        table = table.drop_columns([c for c in ("run", "rank") if c in table.column_names])
-        metadata = {**(table.schema.metadata or {}), b"stepscope.schema_version": b"2"}
-        pq.write_table(table.replace_schema_metadata(metadata), part)
-
-
 def test_a_version_2_store_is_refused_until_migrated_then_answers_the_same(tmp_path: Path, capsys) -> None:
     store = tmp_path / "store"
     assert ingest_paths(sorted((SAMPLES / "gloo-3ranks-late").glob("rank*.pt.trace.json.gz")), store, "late").ok
@@ -258,7 +246,7 @@ def test_a_version_2_store_is_refused_until_migrated_then_answers_the_same(tmp_p
     before = (step_windows(fresh, "late").to_pylist(), step_timeline(fresh, "late", 3).to_pylist(),
               parts_over(fresh, "late", HOST, [(2, 0, 0, 2**62)]).to_pylist())
     shutil.rmtree(store / "cache", ignore_errors=True)
-    _downgrade_to_2(store)
+    as_older_version(store, 2, NEW_TABLES)
     with pytest.raises(StoreError, match=r"schema version 2, older .*stepscope migrate --store"):
         open_store(store)
     assert main(["migrate", "--store", str(store)]) == 0
