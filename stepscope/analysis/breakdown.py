@@ -33,8 +33,7 @@ from stepscope.analysis.absent import NO_COMMUNICATION, NO_GPU_EVENTS, NO_STEPS,
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.matching import collective_ctes, ranks_with_collectives
 from stepscope.analysis.sections import SQLStore
-from stepscope.store.rankstats.breakdown import (  # noqa: F401 - GPU_KINDS_SQL, window_ctes: re-exported
-    GPU_KINDS_SQL,
+from stepscope.store.rankstats.breakdown import (
     RANK_SPLITS,
     WINDOW_COLUMNS,
     iv_ctes,
@@ -42,7 +41,6 @@ from stepscope.store.rankstats.breakdown import (  # noqa: F401 - GPU_KINDS_SQL,
     part_sums,
     spans_of,
     stored_columns,
-    window_ctes,
 )
 from stepscope.store.rankstats.parts import COMM_EXPOSED, COMMUNICATION_OPS, GPU, HOST, PEER_WAITS, Breakdown, Part
 from stepscope.store.rankstats.segments import REMAINDER, STORED
