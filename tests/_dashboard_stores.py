@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from stepscope.store.ingest import ingest_paths
-from tests.conftest import REPO, write_trace
+from tests.conftest import REPO, built_once, write_trace
 
 
 def _tiny_trace(path: Path, rank: int) -> Path:
@@ -39,8 +40,13 @@ def _tiny_trace(path: Path, rank: int) -> Path:
 
 
 def build_sample_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bundled sample traces (``sample_traces/<run>/``), or a tiny generated run when absent."""
-    root = tmp_path_factory.mktemp("dash-sample")
+    """The bundled sample traces (``sample_traces/<run>/``), or a tiny generated run when absent:
+    built once per test run and shared by every file and xdist worker that opens it."""
+    return built_once(tmp_path_factory, "dash-sample", functools.partial(_ingest_samples, tmp_path_factory))
+
+
+def _ingest_samples(tmp_path_factory: pytest.TempPathFactory, root: Path) -> None:
+    """Ingest each sample run's folder into ``root`` (or two tiny generated ranks)."""
     folders = sorted(p for p in (REPO / "sample_traces").glob("*") if p.is_dir())
     if not folders:
         traces = tmp_path_factory.mktemp("tiny")
@@ -50,4 +56,3 @@ def build_sample_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for folder in folders:
         report = ingest_paths([folder], root, folder.name)
         assert report.ok, report.errors
-    return root

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
+import hashlib
 import json
+import os
+import shutil
 import sys
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO.parent / "shared" / "traces"
@@ -52,20 +57,50 @@ def make_trace(tmp_path: Path) -> Callable[..., Path]:
     return build
 
 
+def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder that every pytest-xdist worker of this test run shares.
+
+    Each worker has a base temp folder of its own (``pytest-N/popen-gwK``); their parent is
+    the run's, so what is built there once serves every worker. Without xdist it is the base
+    temp folder itself (its parent holds earlier runs, which must not be reused)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """``build(folder)`` run once per test run for ``name``, whichever worker asks first.
+
+    The others wait on a file lock and get the same folder. A build that failed leaves no
+    ``.done`` marker, so the next caller removes what it left and builds again (and fails the
+    same way, in its own test). Only for folders the tests read: a test that changes a store
+    copies it first (``shutil.copytree``), as before.
+    """
+    root = run_root(tmp_path_factory) / "built-once"
+    root.mkdir(exist_ok=True)
+    folder = root / name
+    done = root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            if folder.exists():
+                shutil.rmtree(folder)
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def ingested(tmp_path_factory: pytest.TempPathFactory, shared_traces: Path) -> Callable[[str], Path]:
-    """Ingest a shared trace once per session and return its store (cached by relative path)."""
+    """The store of one shared trace (run ``t``), ingested once per test run, shared by the
+    xdist workers (:func:`built_once`), keyed by the trace's path relative to ../shared/traces."""
     from stepscope.store.ingest import ingest_paths
 
-    cache: dict[str, Path] = {}
+    def build(relative: str, store: Path) -> None:
+        report = ingest_paths([shared_traces / relative], store, "t")
+        assert report.ok, report.errors
 
     def get(relative: str) -> Path:
-        if relative not in cache:
-            store = tmp_path_factory.mktemp("store")
-            report = ingest_paths([shared_traces / relative], store, "t")
-            assert report.ok, report.errors
-            cache[relative] = store
-        return cache[relative]
+        name = "ingested-" + hashlib.sha256(relative.encode()).hexdigest()[:16]
+        return built_once(tmp_path_factory, name, functools.partial(build, relative))
 
     return get
 
