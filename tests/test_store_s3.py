@@ -135,7 +135,7 @@ def test_commands_read_an_s3_store(s3: Any, tmp_path: Path, capsys: pytest.Captu
 def test_uncommitted_parts_are_invisible(s3: Any, tmp_path: Path) -> None:
     """A crash after the parts and before the sources row: the object store holds the parts,
     every reader sees nothing of the trace (the commit rule), and a later ingest commits it."""
-    from stepscope.store.objectstore import convert_file
+    from stepscope.store.ingest import convert_file
 
     url = "s3://stepscope-test/crash"
     trace = SAMPLE / "rank1.pt.trace.json.gz"
