@@ -159,12 +159,12 @@ def test_the_circle_finder_finds_a_lazy_circle(tmp_path: Path) -> None:
 
 STORE_LAYERS = (
     ("location", {"location", "objectstore"}),
-    ("commit protocol", {"writer", "dedupe", "sessions", "commit", "remote_commit"}),
+    ("commit protocol", {"writer", "dedupe", "sessions", "jobs", "commit", "remote_commit"}),
     ("orchestration", {"ingest", "ray_engine"}),
 )
 """The store's write path, bottom up: where the files are (a folder or a URL: listing, reading,
-uploading, the S3 lock object), how a trace is committed there (parts, the same-trace, overlap
-and session rules, the commit lock, the ``sources`` row), and ingest, which converts files and
+uploading, the S3 lock object), how a trace is committed there (parts, the same-trace, overlap,
+session and job rules, the commit lock, the ``sources`` row), and ingest, which converts files and
 batches them (worker processes, Ray) over both. A layer imports none above it."""
 
 

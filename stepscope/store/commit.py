@@ -2,8 +2,8 @@
 
 A conversion (``ingest.convert_file``) writes a trace's parts, invisible until its ``sources``
 row exists. ``commit_trace`` then decides, under the store's commit lock (``dedupe``), whether
-the trace is already in the run, clashes with a stored one, or is another session of a rank
-(``sessions``), and writes that row. A store on object storage commits
+the trace is already in the run, clashes with a stored one, or is another session of a rank or
+of another job than the run's ranks (``sessions``, ``jobs``), and writes that row. A store on object storage commits
 in a local copy of its commit state (``remote_commit``), through the same function.
 
 This module sits below ``ingest`` (which converts and batches) and above the rules it applies
@@ -22,7 +22,7 @@ from typing import Any, Callable
 import duckdb
 
 from stepscope.errors import StoreError, StoreWriteError, TraceFormatError, UsageError
-from stepscope.store import dedupe, engine, rankstats, sessions
+from stepscope.store import dedupe, engine, jobs, rankstats, sessions
 from stepscope.store.constants import DUCKDB_TYPES, SOURCES_COLUMNS
 from stepscope.store.convert import Conversion, SqlPart
 from stepscope.store.writer import move_part, part_path, write_partition
@@ -31,7 +31,8 @@ PARTS = ("events", "steps", "memory", *(t.name for t in rankstats.TABLES))
 """The tables a trace's conversion writes before its ``sources`` row commits them: its events,
 steps and memory, then each rank's answers computed from them (``stepscope.store.rankstats``)."""
 ON_CONFLICT = ("session", "refuse")
-"""What ingest does with another recording (session) of a rank the run holds."""
+"""What ingest does with another recording (session) of a rank the run holds, or with a trace of
+another job than the run's ranks (``jobs``): store it as a run of its own, or refuse it."""
 INTERNAL_ERROR_CHARS = 300
 """An unexpected exception's text is cut to this length in its one line."""
 
@@ -97,7 +98,8 @@ def commit_trace(converted: ConvertedTrace, root: Path, *, on_conflict: str = "s
                  parts: LocalParts | None = None) -> IngestedTrace:
     """Make a converted trace visible in the store folder ``root``: under the commit lock, skip
     it when the run already holds it, refuse it when it overlaps a different trace of its rank,
-    place it in a run of its own when it is another session of its rank (or refuse that, ``on_conflict="refuse"``), and write its ``sources`` row.
+    place it in a run of its own when it is another session of its rank or of another job than
+    the run's ranks (or refuse that, ``on_conflict="refuse"``), and write its ``sources`` row.
     ``parts`` holds the trace's parts when they are elsewhere than in ``root`` (a store on object
     storage commits in a local copy of its ``sources``: ``remote_commit``)."""
     if on_conflict not in ON_CONFLICT:
@@ -105,7 +107,9 @@ def commit_trace(converted: ConvertedTrace, root: Path, *, on_conflict: str = "s
     parts = parts or LocalParts(root)
     c = converted
     new = sessions.NewTrace(c.rank, c.source, c.conversion.start_ns, c.conversion.end_ns,
-                            c.conversion.main_pid, frozenset(c.conversion.steps))
+                            c.conversion.main_pid, frozenset(c.conversion.steps),
+                            path=c.path, world_size=c.sources_row.get("world_size"),
+                            gpu_name=c.sources_row.get("gpu_name"))
     parts_in = c.run  # where the trace's uncommitted parts are
     try:
         with dedupe.commit_lock(root):
@@ -121,6 +125,7 @@ def commit_trace(converted: ConvertedTrace, root: Path, *, on_conflict: str = "s
                 with contextlib.suppress(OSError):  # committed already: a missing index entry
                     # only lets a copy in another file through later, never loses this one
                     dedupe.record_content(root, placed.run, c.content_sha256, c.rank, c.source)
+                    jobs.record_job(root, placed.run, new.job_facts)
                 return IngestedTrace(c.path, placed.run, c.rank, c.rank_from, c.source,
                                      c.conversion.event_count, skipped=False, note=_session_note(c, placed))
     except OSError as exc:
@@ -149,6 +154,9 @@ def _refusal(c: ConvertedTrace, placed: sessions.Placement, on_conflict: str) ->
         return TraceFormatError(c.path, f"a different trace, {placed.clash.path}, is already stored as rank "
                                         f"{c.rank} of run {c.run} and overlaps it in time; not stored (ingest "
                                         "it into another run, or as another rank)")
+    if placed.other is not None and on_conflict == "refuse" and placed.kind == "job":
+        return TraceFormatError(c.path, f"not of the job of run {placed.other.run}'s ranks ({placed.reason}); "
+                                        "not stored (--on-conflict session stores it as a run of its own)")
     if placed.other is not None and on_conflict == "refuse":
         return TraceFormatError(c.path, f"another recording of rank {c.rank}: run {placed.other.run} holds "
                                         f"{placed.other.path}, and they are two sessions ({placed.reason}); "
@@ -159,6 +167,8 @@ def _refusal(c: ConvertedTrace, placed: sessions.Placement, on_conflict: str) ->
 def _session_note(c: ConvertedTrace, placed: sessions.Placement) -> str | None:
     if placed.run == c.run or placed.other is None:
         return None
+    if placed.kind == "job":
+        return f"not of the job of run {placed.other.run}'s ranks ({placed.reason}): stored as run {placed.run}"
     return (f"another recording of rank {c.rank} (run {placed.other.run} holds {placed.other.path}; "
             f"{placed.reason}): stored as run {placed.run}")
 

@@ -7,7 +7,7 @@ the runs concerned are downloaded into a local folder (the *shadow*), and the lo
 (``commit.commit_trace``) decides there for each trace, in the batch's order, with the same
 rules (same trace, overlap, sessions); the parts it moves to a session run or removes are moved
 or removed in the object store (``RemoteParts``). Then the new ``sources`` rows are uploaded, one
-object per trace, and the content index entries after them. A crash before a trace's ``sources``
+object per trace, and the content index entries (and the runs' job records) after them. A crash before a trace's ``sources``
 object leaves only invisible parts (a later ingest of the file writes them again); each trace is
 visible whole or not at all.
 """
@@ -72,10 +72,21 @@ class RemoteParts(LocalParts):
         part_path(self.root, "steps", run, rank, source).unlink(missing_ok=True)
 
 
-def _new_files(shadow: Path, before: set[Path]) -> list[Path]:
-    """The files a commit wrote into ``shadow``, in upload order (``COMMIT_TABLES``)."""
+def _stamps(shadow: Path) -> dict[Path, tuple[int, int, int]]:
+    """Each file of ``shadow`` with what changes when it is replaced (an atomic write is a new inode)."""
+    return {f: _stamps_of(f) for f in shadow.rglob("*") if f.is_file()}
+
+
+def _written_files(shadow: Path, before: dict[Path, tuple[int, int, int]]) -> list[Path]:
+    """The files a commit wrote or replaced in ``shadow`` (a run's job record is replaced), in
+    upload order (``COMMIT_TABLES``)."""
     return [f for table in COMMIT_TABLES for f in sorted((shadow / table).rglob("*"))
-            if f.is_file() and f not in before and not f.name.endswith(".tmp")]
+            if f.is_file() and not f.name.endswith(".tmp") and before.get(f) != _stamps_of(f)]
+
+
+def _stamps_of(file: Path) -> tuple[int, int, int]:
+    s = file.stat()
+    return s.st_ino, s.st_mtime_ns, s.st_size
 
 
 def _commit_all(converted: list[ConvertedTrace], url: str, on_conflict: str) -> list[IngestedTrace | Exception]:
@@ -89,7 +100,7 @@ def _commit_all(converted: list[ConvertedTrace], url: str, on_conflict: str) -> 
     try:
         with commit_lock(store) as lock:
             download_commit_state(store, shadow, {c.run for c in converted})
-            before = {f for f in shadow.rglob("*") if f.is_file()}
+            before = _stamps(shadow)
             parts = RemoteParts(store, shadow)
             for c in converted:
                 try:
@@ -98,7 +109,7 @@ def _commit_all(converted: list[ConvertedTrace], url: str, on_conflict: str) -> 
                     outcomes.append(exc)
                 if lock is not None:
                     lock.renew()
-            store.upload(shadow, _new_files(shadow, before))
+            store.upload(shadow, _written_files(shadow, before))
     except OSError as exc:  # nothing of the batch is known to be committed: each file says so
         return [StoreWriteError(c.path, url, exc) for c in converted]
     except StoreError as exc:
