@@ -134,12 +134,12 @@ def test_crash_mid_ingest_leaves_nothing_visible_and_rerun_heals(tmp_path: Path,
             raise KeyboardInterrupt
         return real_write(root, table, *args, **kwargs)
 
-    monkeypatch.setattr("stepscope.store.ingest.write_partition", crash_on_sources)
+    monkeypatch.setattr("stepscope.store.commit.write_partition", crash_on_sources)
     with pytest.raises(KeyboardInterrupt):
         ingest_trace_file(path, store, "r")
     assert calls[-1] == "sources"
     assert _count(store) == 0 and _count(store, "steps") == 0
-    monkeypatch.setattr("stepscope.store.ingest.write_partition", real_write)
+    monkeypatch.setattr("stepscope.store.commit.write_partition", real_write)
     assert not ingest_trace_file(path, store, "r").skipped
     assert _count(store) == len(GOOD_EVENTS)
 

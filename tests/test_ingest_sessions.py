@@ -162,3 +162,127 @@ def test_jobs_commit_in_the_batchs_order_with_the_same_rules(tmp_path: Path) -> 
     assert outcomes[1] == outcomes[2]
     stdout, stderr, runs = outcomes[1]
     assert runs == {"job": [0, 1, 2]} and "same trace as" in stdout and stderr.count("\n") == 1
+
+
+# A run holds one job (issue 24): world size, device model and recording date.
+
+EPOCH_US = 1_700_000_000 * 10**6
+"""2023-11-14 22:13 UTC on the epoch clock, in us: the built traces' dates."""
+HOUR_US = 60 * MINUTES_US
+DAY_US = 24 * HOUR_US
+A100 = [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 85_000_000_000, "numSms": 108}]
+V100 = [{"id": 0, "name": "Tesla V100-SXM2-16GB", "totalGlobalMem": 16_900_000_000, "numSms": 80}]
+
+
+def _rank(folder: Path, name: str, rank: int, *, shift_us: int = 0, world: int | None = 8,
+          devices: list[dict[str, Any]] | None = None, steps: tuple[int, ...] = (7, 8), pid: int | None = None) -> Path:
+    dist = {"rank": rank, **({"world_size": world} if world is not None else {})}
+    top: dict[str, Any] = {"distributedInfo": dist}
+    if devices is not None:
+        top["deviceProperties"] = devices
+    return write_trace(folder / name, _events(EPOCH_US + shift_us, steps=steps, pid=100 + rank if pid is None else pid),
+                       **top)
+
+
+def test_a_trace_of_another_world_size_is_a_run_of_its_own_or_refused(tmp_path: Path, capsys) -> None:
+    from stepscope.cli import main
+
+    store = tmp_path / "store"
+    assert ingest_paths([_rank(tmp_path / "job", "rank0.json", 0), _rank(tmp_path / "job", "rank1.json", 1)],
+                        store, "job").ok
+    other = _rank(tmp_path / "other", "rank2.json", 2, world=64)
+    before = sorted(p.read_bytes() for p in store.rglob("*.parquet"))
+    assert main(["ingest", str(other), "--store", str(store), "--run", "job", "--on-conflict", "refuse"]) == 3
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"{other}: not of the job of run job's ranks (world size 64, the run's 8 (")
+    assert str(tmp_path / "job" / "rank0.json") in line and line.endswith("--on-conflict session stores it as a run of its own)")
+    assert sorted(p.read_bytes() for p in store.rglob("*.parquet")) == before  # nothing stored, nothing lost
+    assert main(["ingest", str(other), "--store", str(store), "--run", "job"]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith(str(other))]
+    assert line.startswith(f"{other}: run job-session2 rank 2") and "world size 64, the run's 8" in line
+    assert line.endswith("stored as run job-session2")
+    assert _runs(store) == {"job": [0, 1], "job-session2": [2]}
+
+
+def test_a_trace_on_another_device_model_is_another_job(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    assert ingest_paths([_rank(tmp_path, "rank0.json", 0, devices=A100)], store, "job").ok
+    with pytest.raises(TraceFormatError, match="device Tesla V100-SXM2-16GB, the run's NVIDIA A100-SXM4-80GB"):
+        ingest_trace_file(_rank(tmp_path, "rank1.json", 1, devices=V100), store, "job", on_conflict="refuse")
+    assert ingest_trace_file(_rank(tmp_path, "rank1.json", 1, devices=V100), store, "job").run == "job-session2"
+    # Facts a trace does not record are not held against it: no world size, no device.
+    assert ingest_trace_file(_rank(tmp_path, "rank2.json", 2, world=None), store, "job").run == "job"
+    assert _runs(store) == {"job": [0, 2], "job-session2": [1]}
+
+
+def test_a_trace_recorded_further_than_the_runs_span_plus_a_day_is_another_job(tmp_path: Path) -> None:
+    """One process's profiling cycles 20 h apart stay one run for two days (each within the run's
+    span plus a day); a rank recorded more than that after them is another job."""
+    store = tmp_path / "store"
+    for cycle in range(3):
+        outcome = ingest_trace_file(_rank(tmp_path / f"cycle{cycle}", "rank0.json", 0, shift_us=cycle * 20 * HOUR_US,
+                                          steps=(10 * cycle + 1, 10 * cycle + 2), pid=7), store, "job")
+        assert outcome.run == "job" and outcome.note is None
+    # The run spans 40 h: a trace recorded 40 h + 1 day + 1 h after its last end is too far, 1 h less is not.
+    late = _rank(tmp_path, "rank1.json", 1, shift_us=40 * HOUR_US + 40 * HOUR_US + DAY_US + HOUR_US)
+    with pytest.raises(TraceFormatError, match=r"recorded 2023-11-19 07:13 UTC, 2\.7 days after the run's ranks") as refused:
+        ingest_trace_file(late, store, "job", on_conflict="refuse")
+    assert str(tmp_path / "cycle2" / "rank0.json") in str(refused.value) and "the run spans 1.7 days" in str(refused.value)
+    near = _rank(tmp_path, "rank2.json", 2, shift_us=40 * HOUR_US + 40 * HOUR_US + DAY_US - HOUR_US)
+    assert ingest_trace_file(near, store, "job").run == "job"
+    # A trace whose clock is not a date (relative ts, no baseTimeNanoseconds) has no date to compare.
+    relative = write_trace(tmp_path / "rank3.json", _events(), distributedInfo={"rank": 3, "world_size": 8})
+    assert ingest_trace_file(relative, store, "job").run == "job"
+    assert _runs(store) == {"job": [0, 0, 0, 2, 3]}
+
+
+def test_the_job_record_is_rebuilt_from_the_runs_ranks_when_missing(tmp_path: Path) -> None:
+    """A run stored before the record existed (or copied without its index) has its job read
+    from its ``sources`` rows."""
+    store = tmp_path / "store"
+    assert ingest_paths([_rank(tmp_path, "rank0.json", 0), _rank(tmp_path, "rank1.json", 1)], store, "job").ok
+    record = store / ".content" / "run=job" / "job.json"
+    assert json.loads(record.read_text())["world_size"]["value"] == 8
+    record.unlink()
+    with pytest.raises(TraceFormatError, match="world size 16, the run's 8"):
+        ingest_trace_file(_rank(tmp_path, "rank2.json", 2, world=16), store, "job", on_conflict="refuse")
+    assert ingest_trace_file(_rank(tmp_path, "rank2.json", 2), store, "job").run == "job"
+    assert json.loads(record.read_text())["world_size"]["value"] == 8
+
+
+def test_the_jobs_of_two_batches_gather_in_their_runs(tmp_path: Path) -> None:
+    """Ranks of a second job ingested into the same run gather in one run of their own."""
+    store = tmp_path / "store"
+    first = [_rank(tmp_path / "a", f"rank{r}.json", r, devices=A100) for r in range(2)]
+    second = [_rank(tmp_path / "b", f"rank{r}.json", r, world=2, devices=V100, shift_us=90 * DAY_US) for r in range(2)]
+    report = ingest_paths(first + second, store, "job")
+    assert report.ok, report.errors
+    assert _runs(store) == {"job": [0, 1], "job-session2": [0, 1]}
+    notes = [t.note for t in report.stored if t.note]
+    assert len(notes) == 2 and all("world size 2, the run's 8" in n and "device Tesla V100-SXM2-16GB" in n
+                                   and "90.0 days after" in n for n in notes)
+
+
+@pytest.mark.shared
+def test_hta_trace_diff_control_is_not_a_rank_of_the_trace_filter_run(shared_traces: Path, tmp_path: Path,
+                                                                     capsys) -> None:
+    """The case reported: ``trace_diff/control`` (rank 3 of 8, A100, 2022-08-22) ingested into a
+    run holding the two ``trace_filter`` ranks (of 128, no device recorded, 2023-04-28) was stored
+    as rank 3 of it. World sizes from MANIFEST.md; dates read from the traces' first events."""
+    from stepscope.cli import main
+
+    store = tmp_path / "store"
+    sampled = shared_traces / "hta" / "trace_filter"
+    control = shared_traces / "hta" / "trace_diff" / "control" / "control.json.gz"
+    assert main(["ingest", str(sampled), "--store", str(store), "--run", "t", "--quiet"]) == 0
+    assert main(["ingest", str(control), "--store", str(store), "--run", "t", "--on-conflict", "refuse"]) == 3
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"{control}: not of the job of run t's ranks (world size 8, the run's 128 "
+                           f"({sampled / 'sampled_rank-0.json.gz'}); recorded 2022-08-22 21:24 UTC, ")
+    assert "days before the run's ranks" in line and "2023-04-28 23:51 UTC" in line
+    assert _runs(store) == {"t": [0, 1]}
+    assert main(["ingest", str(control), "--store", str(store), "--run", "t"]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith(str(control))]
+    assert line.startswith(f"{control}: run t-session2 rank 3 (rank from distributedInfo)")
+    assert line.endswith("stored as run t-session2")
+    assert _runs(store) == {"t": [0, 1], "t-session2": [3]}

@@ -135,7 +135,7 @@ def test_commands_read_an_s3_store(s3: Any, tmp_path: Path, capsys: pytest.Captu
 def test_uncommitted_parts_are_invisible(s3: Any, tmp_path: Path) -> None:
     """A crash after the parts and before the sources row: the object store holds the parts,
     every reader sees nothing of the trace (the commit rule), and a later ingest commits it."""
-    from stepscope.store.objectstore import convert_file
+    from stepscope.store.ingest import convert_file
 
     url = "s3://stepscope-test/crash"
     trace = SAMPLE / "rank1.pt.trace.json.gz"
@@ -275,3 +275,19 @@ def test_two_recordings_of_a_rank_become_two_runs_in_s3_as_locally(s3: Any, tmp_
     assert refused.errors == ingest_paths([folder / "c"], tmp_path / "local", "job").errors
     assert len(refused.errors) == 1 and "overlaps it in time" in refused.errors[0]
     assert _keys(s3, url) - keys == set()
+
+
+def test_a_run_holds_one_job_in_s3_as_locally(s3: Any, tmp_path: Path) -> None:
+    """The run's job record is committed with the run's rows: a fact added by a later batch
+    (the device) is uploaded, so a third batch of another device is placed as locally."""
+    from tests.test_ingest_sessions import A100, V100, _rank
+
+    url = "s3://stepscope-test/jobs"
+    batches = [[_rank(tmp_path / "a", "rank0.json", 0)], [_rank(tmp_path / "b", "rank1.json", 1, devices=A100)],
+               [_rank(tmp_path / "c", "rank2.json", 2, devices=V100)]]
+    remote = [ingest_paths(files, url, "job") for files in batches]
+    local = [ingest_paths(files, tmp_path / "local", "job") for files in batches]
+    assert [[(t.run, t.note) for t in r.stored] for r in remote] == [[(t.run, t.note) for t in r.stored] for r in local]
+    assert [r.stored[0].run for r in remote] == ["job", "job", "job-session2"]
+    assert "device Tesla V100-SXM2-16GB, the run's NVIDIA A100-SXM4-80GB" in remote[2].stored[0].note
+    assert {".content/run=job/job.json", ".content/run=job-session2/job.json"} <= _keys(s3, url)

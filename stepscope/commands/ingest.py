@@ -21,8 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="convert N files at once in worker processes (default: the machine's cores; "
                              "a batch under 32 MB converts in one process)")
     parser.add_argument("--on-conflict", choices=("session", "refuse"), default="session",
-                        help="another recording of a rank the run holds: store it as a run of its own "
-                             "(session, the default) or refuse it")
+                        help="another recording of a rank the run holds, or a trace of another job than "
+                             "the run's ranks (world size, device, recorded over a day apart): store it as "
+                             "a run of its own (session, the default) or refuse it")
     parser.add_argument("--memory-limit", metavar="SIZE",
                         help="DuckDB memory per conversion, e.g. 512MB (default: "
                              "$STEPSCOPE_INGEST_MEMORY_LIMIT or 512MB); a bigger trace spills to disk")

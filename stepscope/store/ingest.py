@@ -9,13 +9,18 @@ get the same parser, the same rank rules and the same deduplication. Two steps:
   ``ingest_paths(..., jobs=N)`` runs it in N worker processes.
 - ``commit``: under the store's commit lock, decide (again) whether the trace is already there,
   clashes with a stored one or is another session of a rank (``sessions``), then write its
-  ``sources`` row: only this makes its rows visible.
+  ``sources`` row: only this makes its rows visible (``store.commit``; on object storage
+  ``store.remote_commit``).
+
+This module is the top of the store's write path: it orchestrates the conversion and the batch
+(workers, Ray) above the commit protocol (``commit``, ``dedupe``, ``sessions``, ``writer``),
+which sits above the location (``location``, ``objectstore``); nothing below imports it
+(``tests/test_layering.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import os
 import re
@@ -28,25 +33,20 @@ from typing import Any, Callable, Iterable, Iterator
 
 import duckdb
 
-from stepscope.store import rankstats
-from stepscope.errors import StoreError, StoreWriteError, TraceFormatError, UsageError
-from stepscope.store import dedupe, engine, sessions, trace_metadata
+from stepscope.errors import StoreWriteError, TraceFormatError, UsageError
+from stepscope.store import dedupe, engine, rankstats, remote_commit, trace_metadata
+from stepscope.store.commit import (ON_CONFLICT, PARTS, ConvertedTrace, IngestedTrace, checked, commit_trace,
+                                    problem_line, remove_parts, skipped_trace)
+from stepscope.store.constants import INT64_MAX, INT64_MIN, out_of_range
 from stepscope.store.convert import Conversion, SqlPart, Stager, convert
 from stepscope.store.files import select_trace_files
-from stepscope.store.location import is_url
 from stepscope.store.kineto import KinetoTrace, read_trace
-from stepscope.store.constants import DUCKDB_TYPES, INT64_MAX, INT64_MIN, SOURCES_COLUMNS, out_of_range
-from stepscope.store.writer import move_part, part_path, run_id, write_partition
+from stepscope.store.location import is_url
+from stepscope.store.objectstore import RemoteStore
+from stepscope.store.writer import part_path, run_id, write_partition
 
 RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)(?![0-9])", re.IGNORECASE)
 SOURCE_DIGITS = 16
-PARTS = ("events", "steps", "memory", *(t.name for t in rankstats.TABLES))
-"""The tables a trace's conversion writes before its ``sources`` row commits them: its events,
-steps and memory, then each rank's answers computed from them (``stepscope.store.rankstats``)."""
-INTERNAL_ERROR_CHARS = 300
-"""An unexpected exception's text is cut to this length in its one line."""
-ON_CONFLICT = ("session", "refuse")
-"""What ingest does with another recording (session) of a rank the run holds."""
 
 INGEST_MEMORY_LIMIT_ENV = "STEPSCOPE_INGEST_MEMORY_LIMIT"
 DEFAULT_INGEST_MEMORY_LIMIT = "512MB"
@@ -56,25 +56,6 @@ INGEST_THREADS = 1
 """DuckDB threads per conversion. One: a second thread parses another piece at once and holds
 its buffers (measured: 229 MB peak against 184 MB on df_index_resolver, 323 MB against 203 MB
 on five copies of it, for ~10% less wall time); files convert in parallel instead (``--jobs``)."""
-
-
-@dataclass(frozen=True)
-class IngestedTrace:
-    """What happened to one file: stored, or skipped because the same trace was already there.
-
-    ``same_as`` is the path of the stored copy when it is another file with the same content;
-    ``note`` says why a trace went to another run than the one asked for (another session).
-    """
-
-    path: str
-    run: str
-    rank: int
-    rank_from: str
-    source: str
-    events: int
-    skipped: bool
-    same_as: str | None = None
-    note: str | None = None
 
 
 @dataclass
@@ -88,21 +69,6 @@ class IngestReport:
     @property
     def ok(self) -> bool:
         return not self.errors
-
-
-@dataclass(frozen=True)
-class ConvertedTrace:
-    """One file converted, its parts written into the store but not yet committed."""
-
-    path: str
-    run: str
-    run_name: str
-    rank: int
-    rank_from: str
-    source: str
-    content_sha256: str
-    conversion: Conversion
-    sources_row: dict[str, Any]
 
 
 def rank_from_name(path: Path) -> int | None:
@@ -204,15 +170,6 @@ def _sources_row(trace: KinetoTrace, source: str, run_name: str, rank_from: str,
     }
 
 
-def _remove_parts(root: Path, run: str, rank: int, source: str) -> None:
-    """Remove a trace's uncommitted parts, unless a committed copy of the same file owns them."""
-    if part_path(root, "sources", run, rank, source).is_file():
-        return
-    for table in PARTS:
-        with contextlib.suppress(OSError):
-            part_path(root, table, run, rank, source).unlink()
-
-
 def convert_file(
     path: str | Path,
     store: str | Path,
@@ -234,10 +191,8 @@ def convert_file(
     own (the collector knows it); otherwise distributedInfo, the file name, then ``position``.
     """
     if is_url(store):
-        from stepscope.store import objectstore
-
-        return objectstore.convert_file(path, str(store), run, rank=rank, rank_from=rank_from, position=position,
-                                        metadata=metadata, tags=tags, memory_limit=memory_limit, threads=threads)
+        return _convert_into_url(path, str(store), run, rank=rank, rank_from=rank_from, position=position,
+                                 metadata=metadata, tags=tags, memory_limit=memory_limit, threads=threads)
     root = Path(store)
     rid = run_id(run)
     work = Path(tempfile.mkdtemp(prefix="stepscope-ingest-"))
@@ -259,9 +214,9 @@ def convert_file(
             resolved, how = int(rank), rank_from or "option"
         else:
             resolved, how = resolve_rank(trace, position)
-        same = _checked(dedupe.same_trace, root, rid, source, trace.content_sha256)
+        same = checked(dedupe.same_trace, root, rid, source, trace.content_sha256)
         if same is not None:
-            return _skipped(path, rid, same, source, resolved, how)
+            return skipped_trace(path, rid, same, source, resolved, how)
         converted_tables = convert(trace, con, stages)
         done = converted_tables.conversion
         row = _sources_row(trace, source, run, how, done, metadata, tags)
@@ -279,7 +234,28 @@ def convert_file(
         con.close()
         shutil.rmtree(work, ignore_errors=True)
         if written is not None:
-            _remove_parts(root, rid, *written)
+            remove_parts(root, rid, *written)
+
+
+def _convert_into_url(path: str | Path, url: str, run: str, **options: Any) -> ConvertedTrace | IngestedTrace:
+    """``convert_file`` into the store at ``url``: converted in a local temporary folder, the
+    parts uploaded (uncommitted; ``remote_commit`` commits them)."""
+    store = RemoteStore(url)
+    work = Path(tempfile.mkdtemp(prefix="stepscope-upload-"))
+    try:
+        outcome = convert_file(path, work, run, **options)
+        if isinstance(outcome, ConvertedTrace):
+            files = [part_path(work, table, outcome.run, outcome.rank, outcome.source) for table in PARTS]
+            try:
+                store.upload(work, [f for f in files if f.is_file()])
+            except OSError as exc:
+                for table in PARTS:
+                    with contextlib.suppress(OSError):
+                        store.remove(part_path(Path(), table, outcome.run, outcome.rank, outcome.source))
+                raise StoreWriteError(path, url, exc) from exc
+        return outcome
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 RANK_TABLES_MEMORY_LIMIT = "128MB"
@@ -301,94 +277,13 @@ def write_rank_tables(con: duckdb.DuckDBPyConnection, root: Path, run: str, rank
                         SqlPart(con, Path(parts["events"]), table.query, rankstats.params(table.query, run)))
 
 
-class LocalParts:
-    """A trace's uncommitted parts in a local store folder: moved to another run, or removed."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def move(self, run: str, rank: int, source: str, to_run: str) -> None:
-        for table in PARTS:
-            move_part(self.root, table, run, rank, source, to_run)
-
-    def remove(self, run: str, rank: int, source: str) -> None:
-        _remove_parts(self.root, run, rank, source)
-
-
-def commit(converted: ConvertedTrace, store: str | Path, *, on_conflict: str = "session",
-           parts: LocalParts | None = None) -> IngestedTrace:
-    """Make a converted trace visible: under the commit lock, skip it when the run already holds
-    it, refuse it when it overlaps a different trace of its rank, place it in a run of its own
-    when it is another session of its rank (or refuse that, ``on_conflict="refuse"``), and write
-    its ``sources`` row. ``parts`` holds the trace's parts when they are elsewhere than in
-    ``store`` (a store on object storage commits in a local copy of its ``sources``:
-    ``store.objectstore``)."""
-    if on_conflict not in ON_CONFLICT:
-        raise UsageError(f"on_conflict must be one of {', '.join(ON_CONFLICT)}, not {on_conflict!r}")
+def commit(converted: ConvertedTrace, store: str | Path, *, on_conflict: str = "session") -> IngestedTrace:
+    """Make a converted trace visible in ``store`` (``commit.commit_trace``; a store on object
+    storage commits in a local copy of its commit state: ``remote_commit``). Raises what refused
+    the trace."""
     if is_url(store):
-        from stepscope.store import objectstore
-
-        return objectstore.commit_one(converted, str(store), on_conflict=on_conflict)
-    root = Path(store)
-    parts = parts or LocalParts(root)
-    c = converted
-    new = sessions.NewTrace(c.rank, c.source, c.conversion.start_ns, c.conversion.end_ns,
-                            c.conversion.main_pid, frozenset(c.conversion.steps))
-    parts_in = c.run  # where the trace's uncommitted parts are
-    try:
-        with dedupe.commit_lock(root):
-            placed = _checked(sessions.place, root, c.run, c.content_sha256, new)
-            refusal = _refusal(c, placed, on_conflict)
-            if placed.same is None and refusal is None:
-                if placed.run != c.run:
-                    parts.move(c.run, c.rank, c.source, placed.run)
-                    parts_in = placed.run
-                run_name = c.run_name if placed.run == c.run else placed.run
-                row = {**c.sources_row, "run_name": run_name, "ingested_at": dt.datetime.now(dt.timezone.utc)}
-                write_partition(root, "sources", placed.run, c.rank, c.source, _sources_part(c.path, row))
-                with contextlib.suppress(OSError):  # committed already: a missing index entry
-                    # only lets a copy in another file through later, never loses this one
-                    dedupe.record_content(root, placed.run, c.content_sha256, c.rank, c.source)
-                return IngestedTrace(c.path, placed.run, c.rank, c.rank_from, c.source,
-                                     c.conversion.event_count, skipped=False, note=_session_note(c, placed))
-    except OSError as exc:
-        parts.remove(parts_in, c.rank, c.source)
-        raise StoreWriteError(c.path, root, exc) from exc
-    except BaseException:  # an interrupt, a bug: the uncommitted parts go too
-        parts.remove(parts_in, c.rank, c.source)
-        raise
-    if placed.same is None or placed.same.source != c.source:  # the parts are ours alone
-        parts.remove(c.run, c.rank, c.source)
-    if placed.same is not None:
-        return _skipped(c.path, placed.run, placed.same, c.source, c.rank, c.rank_from)
-    raise refusal
-
-
-def _sources_part(path: str, row: dict[str, Any]) -> SqlPart:
-    """The ``sources`` row, written by DuckDB with the types of ``SOURCES_COLUMNS`` (the one
-    definition of the table; no pyarrow or pandas in a commit)."""
-    select = ", ".join(f"CAST(${name} AS {DUCKDB_TYPES[kind]}) AS {name}" for name, kind, _ in SOURCES_COLUMNS)
-    return SqlPart(engine.scratch(), Path(path), f"SELECT {select}", {name: row[name] for name, _, _ in SOURCES_COLUMNS})
-
-
-def _refusal(c: ConvertedTrace, placed: sessions.Placement, on_conflict: str) -> TraceFormatError | None:
-    """The line that refuses the trace, or None when it is committed as ``placed`` says."""
-    if placed.clash is not None:
-        return TraceFormatError(c.path, f"a different trace, {placed.clash.path}, is already stored as rank "
-                                        f"{c.rank} of run {c.run} and overlaps it in time; not stored (ingest "
-                                        "it into another run, or as another rank)")
-    if placed.other is not None and on_conflict == "refuse":
-        return TraceFormatError(c.path, f"another recording of rank {c.rank}: run {placed.other.run} holds "
-                                        f"{placed.other.path}, and they are two sessions ({placed.reason}); "
-                                        "not stored (--on-conflict session stores it as a run of its own)")
-    return None
-
-
-def _session_note(c: ConvertedTrace, placed: sessions.Placement) -> str | None:
-    if placed.run == c.run or placed.other is None:
-        return None
-    return (f"another recording of rank {c.rank} (run {placed.other.run} holds {placed.other.path}; "
-            f"{placed.reason}): stored as run {placed.run}")
+        return remote_commit.commit_one(converted, str(store), on_conflict=on_conflict)
+    return commit_trace(converted, Path(store), on_conflict=on_conflict)
 
 
 def ingest_trace_file(
@@ -416,35 +311,6 @@ def ingest_trace_file(
     return commit(converted, store, on_conflict=on_conflict)
 
 
-def _checked(check: Callable[..., Any], root: Path, run: str, *args: Any) -> Any:
-    """Run a store check; a store whose committed parts cannot be read is a ``StoreError``."""
-    try:
-        return check(root, run, *args)
-    except (OSError, duckdb.Error) as exc:
-        raise StoreError(f"{root}: cannot read the traces stored in run {run} ({exc})") from exc
-
-
-def _skipped(path: str | Path, run: str, same: dedupe.StoredTrace, source: str, rank: int,
-             how: str) -> IngestedTrace:
-    if same.source == source:
-        return IngestedTrace(str(path), run, rank, how, source, 0, skipped=True)
-    return IngestedTrace(str(path), run, same.rank, how, same.source, 0, skipped=True, same_as=same.path)
-
-
-def _problem_line(file: Path, exc: BaseException) -> str:
-    """The one line that says why ``file`` was not stored."""
-    if isinstance(exc, (TraceFormatError, StoreWriteError)):  # their messages start with the file
-        return " ".join(str(exc).split())
-    if isinstance(exc, StoreError):
-        return f"{file}: {exc}"
-    if isinstance(exc, MemoryError):
-        return f"{file}: out of memory while converting"
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    if len(text) > INTERNAL_ERROR_CHARS:
-        text = text[: INTERNAL_ERROR_CHARS - 3] + "..."
-    return f"{file}: internal error ({text})"
-
-
 @dataclass(frozen=True)
 class _Job:
     """One file of a batch, as a worker process converts it."""
@@ -464,7 +330,7 @@ def _convert_job(job: _Job) -> ConvertedTrace | IngestedTrace | str:
         return convert_file(job.file, job.store, job.run, position=job.position, tags=job.tags,
                             memory_limit=job.memory_limit)
     except Exception as exc:  # noqa: BLE001 - a bug must cost one file, not the batch
-        return _problem_line(job.file, exc)
+        return problem_line(job.file, exc)
 
 
 def _commit_outcome(outcome: ConvertedTrace | IngestedTrace | str, file: Path, store: str | Path,
@@ -474,7 +340,7 @@ def _commit_outcome(outcome: ConvertedTrace | IngestedTrace | str, file: Path, s
     try:
         return commit(outcome, store, on_conflict=on_conflict)
     except Exception as exc:  # noqa: BLE001 - as above
-        return _problem_line(file, exc)
+        return problem_line(file, exc)
 
 
 AUTO_JOBS_BYTES = 32 << 20
@@ -554,11 +420,9 @@ def ingest_paths(
     else:
         conversions = _converted_here(batch, workers, on_file, on_converted)
     if is_url(store):
-        from stepscope.store import objectstore
-
         outcomes = list(conversions)
-        for outcome in objectstore.commit_batch([o for _, o in outcomes], [j.file for j, _ in outcomes],
-                                                str(store), on_conflict=on_conflict):
+        for outcome in remote_commit.commit_batch([o for _, o in outcomes], [j.file for j, _ in outcomes],
+                                                   str(store), on_conflict=on_conflict):
             _record(report, outcome, on_done)
         return report
     for job, outcome in conversions:
@@ -588,7 +452,7 @@ def _converted_here(batch: list[_Job], workers: int, on_file: Callable[[Path], N
             try:
                 outcome = future.result()
             except Exception as exc:  # noqa: BLE001 - a worker that died costs its file
-                outcome = _problem_line(job.file, exc)
+                outcome = problem_line(job.file, exc)
             if on_converted:
                 on_converted(job.file)
             yield job, outcome

@@ -1,20 +1,14 @@
-"""Ingest into a store on object storage (``s3://bucket/prefix``, any fsspec URL).
+"""A store on object storage (``s3://bucket/prefix``, any fsspec URL), for writing: its keys,
+uploads, moves and removals (:class:`RemoteStore`), and its commit lock.
 
-Object stores have no rename and no ``flock``, so the two steps of :mod:`stepscope.store.ingest`
-work like this:
+This is the location layer, beside :mod:`stepscope.store.location` (which reads a URL's parts):
+it knows where a store's files are and how to change them, nothing of what a trace or a commit
+is. The commit protocol above it (``writer``, ``commit``, ``remote_commit``) uses it, and
+``ingest`` above that; it imports none of them (``tests/test_layering.py``).
 
-- **convert** (any process, any machine: a worker, a Ray task): the trace is converted into a
-  local temporary folder exactly as for a local store, then each of its parts is uploaded to its
-  final key. A PUT is atomic (readers see the whole object or none), and a part is invisible
-  until its trace's ``sources`` row exists, so uploaded parts change no answer.
-- **commit** (one per batch, so one per run for ``stepscope ingest``): under the store's commit
-  lock (:class:`CommitLock`), the ``sources`` rows, content index and ``steps`` parts of the runs
-  concerned are downloaded into a local folder, and the local ``commit`` decides there for each
-  trace, in the batch's order, with the same rules (same trace, overlap, sessions); the parts it
-  moves to a session run or removes are moved or removed in the object store. Then the new
-  ``sources`` rows are uploaded, one object per trace, and the content index entries after them.
-  A crash before a trace's ``sources`` object leaves only invisible parts (a later ingest of the
-  file writes them again); each trace is visible whole or not at all.
+Object stores have no rename and no ``flock``. A part is written here and uploaded (one PUT,
+atomic: readers see the whole object or none); a commit is decided in a local copy of the
+store's commit state (``remote_commit``) under the lock below.
 
 The commit lock on S3 is an object, ``<prefix>/.commit.lock``, created with a conditional PUT
 (``If-None-Match: *``, which S3 honours since 2024, as do MinIO and moto): exactly one writer
@@ -31,19 +25,13 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import socket
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from stepscope.errors import StoreError, StoreWriteError
-from stepscope.store import ingest
-from stepscope.store.atomic import move_file
-from stepscope.store.dedupe import INDEX_NAME
+from stepscope.errors import StoreError
 from stepscope.store.location import RemoteStoreFiles
-from stepscope.store.writer import part_path
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +43,10 @@ LOCK_WAIT_S = 600.0
 LOCK_POLL_S = 0.5
 CONDITIONAL_PROTOCOLS = ("s3", "s3a")
 """Filesystems with conditional writes to build the commit lock on."""
-COMMIT_TABLES = ("sources", INDEX_NAME)
-"""What a commit uploads, in this order: the ``sources`` rows (which make traces visible), then
-the content index entries that point at them."""
 
 
 class RemoteStore(RemoteStoreFiles):
-    """A store behind a URL, for writing: parts up, commit state down, the commit lock."""
+    """A store behind a URL, for writing: files up and down, moved, removed."""
 
     def key(self, relative: str | Path) -> str:
         return f"{self.base}/{Path(relative).as_posix()}"
@@ -70,20 +55,6 @@ class RemoteStore(RemoteStoreFiles):
         """Upload ``files`` (under ``local_root``) to the same relative keys."""
         if files:
             self.fs.put([str(f) for f in files], [self.key(f.relative_to(local_root)) for f in files])
-
-    def download_commit_state(self, shadow: Path, runs: set[str]) -> None:
-        """Copy the ``sources`` rows, content index and ``steps`` parts of ``runs`` and their
-        session runs (``<run>-session2``, ...) into the local folder ``shadow``."""
-        remote: list[str] = []
-        for run in sorted(runs):
-            for pattern in ("sources/run={run}*/rank=*/*.parquet", INDEX_NAME + "/run={run}*/*",
-                            "steps/run={run}*/rank=*/*.parquet"):
-                remote += self.fs.glob(self.key(pattern.format(run=run)))
-        if remote:
-            local = [str(shadow / p[len(self.base) + 1:]) for p in remote]
-            for path in local:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self.fs.get(remote, local)
 
     def remove(self, relative: str | Path) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -189,125 +160,3 @@ def commit_lock(store: RemoteStore) -> Iterator[CommitLock | None]:
         yield lock
     finally:
         lock.release()
-
-
-class RemoteParts(ingest.LocalParts):
-    """A trace's uncommitted parts in the object store, during a commit decided in ``shadow``
-    (the local copy of the commit state, whose ``steps`` parts follow them)."""
-
-    def __init__(self, store: RemoteStore, shadow: Path) -> None:
-        super().__init__(shadow)
-        self.store = store
-
-    def _relative(self, table: str, run: str, rank: int, source: str) -> Path:
-        return part_path(Path(), table, run, rank, source)
-
-    def move(self, run: str, rank: int, source: str, to_run: str) -> None:
-        for table in ingest.PARTS:
-            self.store.move(self._relative(table, run, rank, source), self._relative(table, to_run, rank, source))
-        local = part_path(self.root, "steps", run, rank, source)
-        if local.is_file():
-            move_file(local, part_path(self.root, "steps", to_run, rank, source))
-
-    def remove(self, run: str, rank: int, source: str) -> None:
-        if part_path(self.root, "sources", run, rank, source).is_file():
-            return  # a committed copy of the same file owns these parts
-        for table in ingest.PARTS:
-            self.store.remove(self._relative(table, run, rank, source))
-        part_path(self.root, "steps", run, rank, source).unlink(missing_ok=True)
-
-
-def convert_file(path: str | Path, url: str, run: str, **options: Any) -> ingest.ConvertedTrace | ingest.IngestedTrace:
-    """``ingest.convert_file`` into the store at ``url``: converted in a local temporary folder,
-    the parts uploaded (uncommitted; :func:`commit_batch` commits them)."""
-    store = RemoteStore(url)
-    work = Path(tempfile.mkdtemp(prefix="stepscope-upload-"))
-    try:
-        outcome = ingest.convert_file(path, work, run, **options)
-        if isinstance(outcome, ingest.ConvertedTrace):
-            files = [part_path(work, table, outcome.run, outcome.rank, outcome.source) for table in ingest.PARTS]
-            try:
-                store.upload(work, [f for f in files if f.is_file()])
-            except OSError as exc:
-                for table in ingest.PARTS:
-                    with contextlib.suppress(OSError):
-                        store.remove(part_path(Path(), table, outcome.run, outcome.rank, outcome.source))
-                raise StoreWriteError(path, url, exc) from exc
-        return outcome
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def write_partition(url: str, table: str, run: str, rank: int, source: str, data: Any) -> str:
-    """``writer.write_partition`` into the store at ``url``: written in a local temporary
-    folder, then uploaded to its key (the collector's tables beside a committed trace)."""
-    from stepscope.store.writer import write_partition as write_local_partition
-
-    store = RemoteStore(url)
-    work = Path(tempfile.mkdtemp(prefix="stepscope-part-"))
-    try:
-        written = write_local_partition(work, table, run, rank, source, data)
-        store.upload(work, [Path(written)])
-        return f"{store.url}/{Path(written).relative_to(work).as_posix()}"
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _new_files(shadow: Path, before: set[Path]) -> list[Path]:
-    """The files a commit wrote into ``shadow``, in upload order (``COMMIT_TABLES``)."""
-    return [f for table in COMMIT_TABLES for f in sorted((shadow / table).rglob("*"))
-            if f.is_file() and f not in before and not f.name.endswith(".tmp")]
-
-
-def _commit_all(converted: list[ingest.ConvertedTrace], url: str, on_conflict: str
-                ) -> list[ingest.IngestedTrace | Exception]:
-    """Commit ``converted`` into the store at ``url`` in one go (see the module's docstring):
-    each trace's outcome, or the exception that refused it."""
-    if not converted:
-        return []
-    store = RemoteStore(url)
-    shadow = Path(tempfile.mkdtemp(prefix="stepscope-commit-"))
-    outcomes: list[ingest.IngestedTrace | Exception] = []
-    try:
-        with commit_lock(store) as lock:
-            store.download_commit_state(shadow, {c.run for c in converted})
-            before = {f for f in shadow.rglob("*") if f.is_file()}
-            parts = RemoteParts(store, shadow)
-            for c in converted:
-                try:
-                    outcomes.append(ingest.commit(c, shadow, on_conflict=on_conflict, parts=parts))
-                except Exception as exc:  # noqa: BLE001 - one trace's refusal, not the batch's
-                    outcomes.append(exc)
-                if lock is not None:
-                    lock.renew()
-            store.upload(shadow, _new_files(shadow, before))
-    except OSError as exc:  # nothing of the batch is known to be committed: each file says so
-        return [StoreWriteError(c.path, url, exc) for c in converted]
-    except StoreError as exc:
-        return [exc for _ in converted]
-    finally:
-        shutil.rmtree(shadow, ignore_errors=True)
-    return outcomes
-
-
-def commit_batch(outcomes: list[ingest.ConvertedTrace | ingest.IngestedTrace | str], files: list[Path],
-                 url: str, *, on_conflict: str = "session") -> list[ingest.IngestedTrace | str]:
-    """The outcome of each file of a batch whose conversions ended (``outcomes``, in the batch's
-    order): the converted ones committed together, skips and refusal lines as they are."""
-    converted = [o for o in outcomes if isinstance(o, ingest.ConvertedTrace)]
-    committed = iter(_commit_all(converted, url, on_conflict))
-    final: list[ingest.IngestedTrace | str] = []
-    for outcome, file in zip(outcomes, files):
-        if isinstance(outcome, ingest.ConvertedTrace):
-            result = next(committed)
-            outcome = ingest._problem_line(file, result) if isinstance(result, Exception) else result
-        final.append(outcome)
-    return final
-
-
-def commit_one(converted: ingest.ConvertedTrace, url: str, *, on_conflict: str = "session") -> ingest.IngestedTrace:
-    """``ingest.commit`` for a store on object storage: raises what refused the trace."""
-    (result,) = _commit_all([converted], url, on_conflict)
-    if isinstance(result, Exception):
-        raise result
-    return result

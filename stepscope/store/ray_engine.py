@@ -2,7 +2,7 @@
 
 Each task runs the same conversion as a local worker process (``ingest._convert_job``): it reads
 its file, converts it and writes its parts and per-rank tables straight into the store (a local
-folder the workers share, or an object store: ``store.objectstore``), and returns the converted
+folder the workers share, or an object store: ``ingest`` uploads them), and returns the converted
 trace, a skip, or the one ``<file>: <problem>`` line that refuses it, exactly as locally. The
 driver (the ``stepscope ingest`` process) only commits: one commit per run on an object store,
 in the batch's order on a folder. A task that dies (its worker killed, out of memory) costs its
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from stepscope.errors import UsageError
+from stepscope.store.commit import problem_line
 
 TASK_CPUS = 1
 """CPUs a conversion task asks for: one DuckDB thread per conversion (``ingest.INGEST_THREADS``)."""
@@ -38,8 +39,6 @@ def convert_batch(batch: Sequence[Any], convert_job: Callable[[Any], Any], *, ad
     """Run ``convert_job(job)`` for every job of ``batch`` as a Ray task; call ``on_converted``
     as each task completes (the progress bar), and yield ``(job, outcome)`` in the batch's order
     once all have."""
-    from stepscope.store.ingest import _problem_line
-
     ray = _ray()
     started = not ray.is_initialized()
     if started:
@@ -56,7 +55,7 @@ def convert_batch(batch: Sequence[Any], convert_job: Callable[[Any], Any], *, ad
                 try:
                     outcomes[ref] = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - a task that died costs its file
-                    outcomes[ref] = _problem_line(job_of[ref].file, exc)
+                    outcomes[ref] = problem_line(job_of[ref].file, exc)
                 if on_converted:
                     on_converted(job_of[ref].file)
     finally:

@@ -17,9 +17,14 @@ says otherwise, checked in this order:
 
 (Traces that overlap in time are not two sessions but a conflict, refused in ``ingest``.)
 
+A trace of another job than the run's ranks (another world size, device model, or recorded
+further from them than the run's span plus a day: ``jobs``) is placed the same way, before any
+rank is compared: a run holds one job.
+
 A trace that is another session of a rank the run holds goes to the first of the runs
 ``<run>-session2``, ``<run>-session3``, ... whose trace of that rank (if any) is of its session,
-so the ranks of a second recording of a whole job gather in one run of their own.
+so the ranks of a second recording of a whole job gather in one run of their own. That run's job
+must be the trace's too.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepscope.store import dedupe
+from stepscope.store import dedupe, jobs
 
 FAR_APART_NS = 60 * 10**9
 """Traces of one rank with unknown processes this far apart (and ``FAR_APART_SPANS`` times their
@@ -47,19 +52,30 @@ class NewTrace:
     end_ns: int | None
     process_id: int | None
     steps: frozenset[int]
+    path: str | None = None
+    world_size: int | None = None
+    gpu_name: str | None = None
+
+    @property
+    def job_facts(self) -> jobs.Candidate:
+        """What the job rules compare of it."""
+        return jobs.Candidate(self.rank, self.source, self.path, self.world_size, self.gpu_name,
+                              self.start_ns, self.end_ns)
 
 
 @dataclass(frozen=True)
 class Placement:
     """Where a trace goes: ``run`` (the run asked for, or a session run of it); ``same`` is the
     stored copy when it is already there; ``clash`` a trace of its rank it overlaps in the run
-    asked for; ``other``/``reason`` the trace that made it another session, and why."""
+    asked for; ``other``/``reason`` the trace that made it another session (``kind``
+    "session") or another job ("job"), and why."""
 
     run: str
     same: dedupe.StoredTrace | None = None
     clash: dedupe.StoredTrace | None = None
     other: dedupe.StoredTrace | None = None
     reason: str | None = None
+    kind: str = "session"
 
 
 def session_run(run: str, number: int) -> str:
@@ -96,15 +112,21 @@ def other_session(root: Path, new: NewTrace, stored: dedupe.StoredTrace) -> str 
 
 def place(root: Path, run: str, content: str, new: NewTrace) -> Placement:
     """Decide which run ``new`` is committed to (call under the commit lock)."""
-    first_other: tuple[dedupe.StoredTrace, str] | None = None
+    first_other: tuple[dedupe.StoredTrace, str, str] | None = None
     for number in itertools.count(1):
         candidate = session_run(run, number)
         same = dedupe.same_trace(root, candidate, new.source, content)
         if same is not None:
             return Placement(candidate, same=same)
         if number > 1 and not (root / "sources" / f"run={candidate}").is_dir():
-            other, reason = first_other if first_other else (None, None)
-            return Placement(candidate, other=other, reason=reason)
+            other, reason, kind = first_other if first_other else (None, None, "session")
+            return Placement(candidate, other=other, reason=reason, kind=kind)
+        foreign = jobs.conflict(root, candidate, new.job_facts)
+        if foreign is not None:
+            fact, reason = foreign
+            first_other = first_other or (dedupe.StoredTrace(fact.source, fact.rank, fact.path, None, None,
+                                                             run=candidate), reason, "job")
+            continue
         fits = True
         for stored in dedupe.rank_traces(root, candidate, new.rank):
             if stored.source == new.source:
@@ -116,10 +138,10 @@ def place(root: Path, run: str, content: str, new: NewTrace) -> Placement:
                 break
             reason = other_session(root, new, stored)
             if reason is not None:
-                first_other = first_other or (stored, reason)
+                first_other = first_other or (stored, reason, "session")
                 fits = False
                 break
         if fits:
-            other, reason = (first_other if number > 1 and first_other else (None, None))
-            return Placement(candidate, other=other, reason=reason)
+            other, reason, kind = first_other if number > 1 and first_other else (None, None, "session")
+            return Placement(candidate, other=other, reason=reason, kind=kind)
     raise AssertionError("unreachable")

@@ -15,6 +15,8 @@ writes the file itself (ingest's DuckDB queries); this module imports pyarrow on
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Union
 
@@ -81,9 +83,7 @@ def write_partition(root: Path | str, table: str, run: str, rank: int, source: s
     atomically, also while another process writes it.
     """
     if is_url(root):
-        from stepscope.store.objectstore import write_partition as write_remote_partition
-
-        return write_remote_partition(str(root), table, run, rank, source, data)
+        return _write_remote(str(root), table, run, rank, source, data)
     target = part_path(Path(root), table, run, int(rank), source)
     if hasattr(data, "write_parquet"):
         with atomic_path(target) as tmp:
@@ -99,6 +99,21 @@ def write_partition(root: Path | str, table: str, run: str, rank: int, source: s
         pq.write_table(table_data, handle, compression="zstd", compression_level=3,
                        row_group_size=256 * 1024, **_encodings(spec))
     return target
+
+
+def _write_remote(url: str, table: str, run: str, rank: int, source: str, data: PartData) -> str:
+    """``write_partition`` into the store at ``url``: written in a local temporary folder, then
+    uploaded to its key (the collector's tables beside a committed trace)."""
+    from stepscope.store.objectstore import RemoteStore
+
+    store = RemoteStore(url)
+    work = Path(tempfile.mkdtemp(prefix="stepscope-part-"))
+    try:
+        written = write_partition(work, table, run, rank, source, data)
+        store.upload(work, [Path(written)])
+        return f"{store.url}/{Path(written).relative_to(work).as_posix()}"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def move_part(root: Path, table: str, run: str, rank: int, source: str, to_run: str) -> None:
