@@ -6,7 +6,9 @@ memory). Three statements carry the events:
 
 1. one ``COPY`` reads every piece that ``split.py`` wrote, types every column (one SQL
    expression each) and streams the rows, in the file's order, into a staging Parquet file in the
-   work folder (on disk, not in memory);
+   work folder (on disk, not in memory); a trace of one piece (a small trace: its events are
+   under ``split.PIECE_BYTES`` of JSON) is typed into a temporary table instead, never touching
+   a staging file;
 2. narrow scans of that file find the steps, check every time, and keep the small tables the
    last copy needs: the steps, a step lookup by time bucket, each launch's step;
 3. one ``COPY`` of the staging file into the events part, the step of every event looked up in
@@ -288,16 +290,25 @@ class SqlPart:
             raise _refusal(self.path, exc) from None
 
 
+SMALL_STAGE = "staged_events"
+"""The temporary table a trace of one piece is typed into (its only staging)."""
+
+
 class Stager:
     """Stages each piece as ``split`` writes it: a DuckDB ``COPY`` in a thread of its own, so
     the next piece is cut (msgspec, in Python) while this one is typed (DuckDB, which releases
     the GIL). The piece is deleted once staged. ``add`` raises the first failure so that the
-    split stops; ``close`` waits for the last piece."""
+    split stops; ``close`` waits for the last piece.
+
+    The first piece waits for the second: when the split ends without one, the trace is small
+    and its piece is typed into a temporary table (``SMALL_STAGE``), in memory, not through a
+    staging file."""
 
     def __init__(self, path: Path, con: duckdb.DuckDBPyConnection) -> None:
         self.path = Path(path)
         self.con = con
         self.stages: list[Path] = []
+        self.in_memory = False
         self.count = 0
         self._failure: BaseException | None = None
         self._queue: queue.Queue[Path | None] = queue.Queue(maxsize=2)
@@ -310,14 +321,16 @@ class Stager:
             raise self._failure
         self._queue.put(piece)
 
-    def close(self) -> list[Path]:
-        """The staging files, in the file's order, once every piece is staged; raises the first
-        failure."""
+    def close(self) -> str:
+        """The staged events as a SQL relation (the staging files, in the file's order, or the
+        small trace's table), once every piece is staged; raises the first failure."""
         self._queue.put(None)
         self._worker.join()
         if self._failure is not None:
             raise self._failure
-        return self.stages
+        if self.in_memory:
+            return SMALL_STAGE
+        return "read_parquet([" + ", ".join(_sql_string(str(p)) for p in self.stages) + "])"
 
     def stop(self) -> None:
         """Stop at once (an interrupt): the running statement is interrupted, nothing raised."""
@@ -327,24 +340,44 @@ class Stager:
         self._worker.join()
 
     def _run(self) -> None:
+        held: Path | None = None  # the first piece, until a second shows the trace is not small
         while (piece := self._queue.get()) is not None:
             if self._failure is not None:
                 continue
             try:
+                if held is None and not self.stages:
+                    held = piece
+                    continue
+                if held is not None:
+                    held, first = None, held
+                    self._stage(first)
                 self._stage(piece)
             except BaseException as exc:  # noqa: BLE001 - handed to the splitting thread
                 self._failure = exc
+        if held is not None and self._failure is None:
+            try:
+                self._stage(held, in_memory=True)
+            except BaseException as exc:  # noqa: BLE001 - as above
+                self._failure = exc
 
-    def _stage(self, piece: Path) -> None:
+    def _stage(self, piece: Path, *, in_memory: bool = False) -> None:
         stage = piece.with_name(piece.name + STAGE_SUFFIX)
         try:
-            (rows,) = self.con.execute(
-                f"COPY ({_stage_query(piece)}) TO {_sql_string(str(stage))} "
-                "(FORMAT parquet, COMPRESSION lz4, ROW_GROUP_SIZE 16384)", {"first": self.count}).fetchone()
+            if in_memory:
+                self.con.execute(f"CREATE OR REPLACE TEMP TABLE {SMALL_STAGE} AS {_stage_query(piece)}",
+                                 {"first": self.count})
+                (rows,) = self.con.execute(f"SELECT count(*) FROM {SMALL_STAGE}").fetchone()
+            else:
+                (rows,) = self.con.execute(
+                    f"COPY ({_stage_query(piece)}) TO {_sql_string(str(stage))} "
+                    "(FORMAT parquet, COMPRESSION lz4, ROW_GROUP_SIZE 16384)", {"first": self.count}).fetchone()
         except duckdb.Error as exc:
             raise self._read_error(piece, exc) from None
         piece.unlink()
-        self.stages.append(stage)
+        if in_memory:
+            self.in_memory = True
+        else:
+            self.stages.append(stage)
         self.count += rows
 
     def _read_error(self, piece: Path, exc: duckdb.Error) -> BaseException:
@@ -366,15 +399,14 @@ class Stager:
 
 
 class Converted:
-    """One trace, staged and checked (its staging files and small tables of ``con``), its facts,
+    """One trace, staged and checked (its staged events and small tables of ``con``), its facts,
     and the queries that write its parts (``parts``)."""
 
-    def __init__(self, trace: KinetoTrace, con: duckdb.DuckDBPyConnection, stages: list[Path]) -> None:
+    def __init__(self, trace: KinetoTrace, con: duckdb.DuckDBPyConnection, staged: str) -> None:
         self.path = Path(trace.path)
         self.con = con
         self.base_ns = trace.base_time_ns
-        files = "[" + ", ".join(_sql_string(str(p)) for p in stages) + "]"
-        con.execute(f"CREATE OR REPLACE TEMP VIEW ev AS SELECT * FROM read_parquet({files})")
+        con.execute(f"CREATE OR REPLACE TEMP VIEW ev AS SELECT * FROM {staged}")
         self._check_times()
         try:
             con.execute(_COMM_TABLE)
@@ -503,9 +535,10 @@ class Converted:
                 "memory": SqlPart(self.con, self.path, memory, params)}
 
 
-def convert(trace: KinetoTrace, con: duckdb.DuckDBPyConnection, stages: list[Path]) -> Converted:
-    """Check a trace's staged events and find its steps in ``con``. Raises ``TraceFormatError``."""
-    return Converted(trace, con, stages)
+def convert(trace: KinetoTrace, con: duckdb.DuckDBPyConnection, staged: str) -> Converted:
+    """Check a trace's staged events (``Stager.close``'s relation) and find its steps in ``con``.
+    Raises ``TraceFormatError``."""
+    return Converted(trace, con, staged)
 
 
 def _event_in_piece(piece: Path, index: int) -> Any:

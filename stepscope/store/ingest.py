@@ -272,9 +272,9 @@ def write_rank_tables(con: duckdb.DuckDBPyConnection, root: Path, run: str, rank
     con.execute(f"SET memory_limit = '{RANK_TABLES_MEMORY_LIMIT}'")
     rankstats.trace_views(con, parts, run, rank)
     rankstats.prepare(con, run)
-    for table in rankstats.TABLES:
-        write_partition(root, table.name, run, rank, source,
-                        SqlPart(con, Path(parts["events"]), table.query, rankstats.params(table.query, run)))
+    for table, query in rankstats.queries(con, run):
+        write_partition(root, table, run, rank, source,
+                        SqlPart(con, Path(parts["events"]), query, rankstats.params(query, run)))
 
 
 def commit(converted: ConvertedTrace, store: str | Path, *, on_conflict: str = "session") -> IngestedTrace:

@@ -34,6 +34,7 @@ it has not been stored); it imports neither, nor torch, nor streamlit.
   windows and the step timeline are split by) and its step windows (``rank_step_windows``).
 """
 
-from stepscope.store.rankstats.reduce import TABLES, RankTable, params, prepare, trace_views  # noqa: E402
+from stepscope.store.rankstats.reduce import (TABLES, RankTable, no_rows, params, prepare, present,  # noqa: E402
+                                              queries, trace_views)
 
-__all__ = ["TABLES", "RankTable", "params", "prepare", "trace_views"]
+__all__ = ["TABLES", "RankTable", "no_rows", "params", "prepare", "present", "queries", "trace_views"]

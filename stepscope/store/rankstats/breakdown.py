@@ -87,24 +87,28 @@ def part_sums(breakdown: Breakdown) -> list[str]:
 # HTA's loader (``Trace._filter_irrelevant_gpu_kernels``, default ``include_last_profiler_step=False``)
 # keeps only GPU work whose launch is recorded and started before the last ProfilerStep began,
 # and applies this only when the trace has at least two steps.
-HTA_SCOPE = """
-    AND (
-        (SELECT count(*) FROM steps s WHERE s.run = $run AND s.rank = e.rank) < 2
-        OR EXISTS (
-            SELECT 1 FROM events r
-            WHERE r.run = $run AND r.rank = e.rank AND r.source = e.source
-              AND r.correlation = e.correlation AND r.kind IN ('cuda_runtime', 'cuda_driver')
-              AND r.ts_ns < (SELECT max(s.start_ns) FROM steps s WHERE s.run = $run AND s.rank = e.rank)
-        )
-    )"""
+HTA_KEPT = f"""
+_hta_steps AS (SELECT count(*) AS steps, max(start_ns) AS last_start FROM steps WHERE run = $run),
+_hta_launched AS (
+    SELECT DISTINCT correlation FROM events
+    WHERE run = $run AND kind IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
+      AND ts_ns < (SELECT last_start FROM _hta_steps)
+),
+gpu AS (
+    SELECT * FROM _rs_{GPU.name}_gpu
+    WHERE (SELECT steps FROM _hta_steps) < 2 OR correlation IN (SELECT correlation FROM _hta_launched)
+)"""
+"""CTE ``gpu``: the trace's GPU work (``_rs_gpu_gpu`` of :data:`PREPARE`) that HTA's loader keeps.
+The views hold one trace (one rank, one source), so a launch matches on its correlation id alone;
+as uncorrelated lookups the planner takes milliseconds (a correlated ``EXISTS`` per event took it
+~0.3 s)."""
 
 
-def gpu_cte(rf: str, *, hta_scope: bool = False) -> str:
+def gpu_cte(rf: str) -> str:
     """``gpu``: every GPU interval of the run with positive duration and its class number.
 
     GPU work that no part of :data:`stepscope.store.rankstats.parts.GPU` claims is an ingest bug and
-    fails the query loudly instead of being counted somewhere. ``hta_scope`` restricts the
-    events to those HTA keeps.
+    fails the query loudly instead of being counted somewhere.
     """
     cls = class_case(GPU, otherwise="error('GPU event with unexpected category ' || coalesce(category, 'NULL'))")
     return f"""
@@ -112,7 +116,7 @@ gpu AS MATERIALIZED (
     SELECT rank, source, ts_ns AS t0, ts_ns + dur_ns AS t1, step, correlation,
            {cls} AS cls
     FROM events e
-    WHERE run = $run AND kind IN {GPU_KINDS_SQL} AND dur_ns > 0 AND {rf}{HTA_SCOPE if hta_scope else ""}
+    WHERE run = $run AND kind IN {GPU_KINDS_SQL} AND dur_ns > 0 AND {rf}
 )"""
 
 
@@ -379,13 +383,13 @@ def spans_of(part: Part) -> str:
 
 TOTAL_SCOPES = {"all": False, "hta": True}
 """``rank_gpu_totals.scope`` -> whether only the GPU work HTA's loader keeps counts
-(:data:`HTA_SCOPE`)."""
+(:data:`HTA_KEPT`)."""
 
 
 def _gpu_totals(scope: str) -> str:
     """One row (none without GPU work) of the whole-trace GPU totals of ``scope``."""
     compute, comm = active(GPU, [COMPUTE]), active(GPU, [COMM_EXPOSED])
-    gpu = f"gpu AS (FROM _rs_{GPU.name}_gpu)" if not TOTAL_SCOPES[scope] else gpu_cte("TRUE", hta_scope=True)
+    gpu = HTA_KEPT if TOTAL_SCOPES[scope] else f"gpu AS (FROM _rs_{GPU.name}_gpu)"
     return f"""
     SELECT * FROM (
         WITH {gpu},

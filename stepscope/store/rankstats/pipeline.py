@@ -30,14 +30,16 @@ P2P_OPS = ("c10d::send", "c10d::recv_")
 ACTION = r"^PP:(\d+)([FBIW])(\d+)$"
 """A compute action of torch's runtime schedules: stage, kind, microbatch."""
 
-_P2P_SQL = f"e.kind = 'cpu_op' AND e.name IN {sql_list(P2P_OPS)}"
-_ACTION_SQL = f"e.kind = 'user_annotation' AND e.dur_ns IS NOT NULL AND e.name LIKE 'PP:%' AND regexp_matches(e.name, '{ACTION}')"
+P2P_SQL = f"e.kind = 'cpu_op' AND e.name IN {sql_list(P2P_OPS)}"
+ACTION_SQL = f"e.kind = 'user_annotation' AND e.dur_ns IS NOT NULL AND e.name LIKE 'PP:%' AND regexp_matches(e.name, '{ACTION}')"
+"""The events of ``rank_p2p`` and of ``rank_pipeline_actions`` (alias ``e``): without either, a
+trace has no pipeline work rows either."""
 
 RANK_P2P = f"""
 SELECT e.source, e.step, e.ts_ns, e.dur_ns, e.name = 'c10d::send' AS send,
        TRY_CAST(json_extract_string(e.args, '$."Concrete Inputs"[2]') AS BIGINT) AS peer_index
 FROM events e
-WHERE e.run = $run AND {_P2P_SQL} AND e.ts_ns IS NOT NULL
+WHERE e.run = $run AND {P2P_SQL} AND e.ts_ns IS NOT NULL
 ORDER BY e.ts_ns, e.dur_ns
 """
 """The ``rank_p2p`` rows of one trace: its point-to-point transfers in time order."""
@@ -47,7 +49,7 @@ SELECT e.source, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns,
        regexp_extract(e.name, '{ACTION}', 1)::BIGINT AS stage, regexp_extract(e.name, '{ACTION}', 2) AS action,
        regexp_extract(e.name, '{ACTION}', 3)::BIGINT AS microbatch
 FROM events e
-WHERE e.run = $run AND {_ACTION_SQL}
+WHERE e.run = $run AND {ACTION_SQL}
 ORDER BY e.ts_ns, e.dur_ns
 """
 """The ``rank_pipeline_actions`` rows of one trace: its schedule's actions in time order."""
@@ -56,7 +58,7 @@ RANK_PIPELINE_WORK = f"""
 WITH staged AS MATERIALIZED (
   -- the trace's source when it has a transfer or an action, else no row: joined first, so that
   -- DuckDB skips most of the scans below on every other trace (a scalar flag would not)
-  SELECT DISTINCT e.source FROM events e WHERE e.run = $run AND (({_P2P_SQL}) OR ({_ACTION_SQL}))
+  SELECT DISTINCT e.source FROM events e WHERE e.run = $run AND (({P2P_SQL}) OR ({ACTION_SQL}))
 ),
 on_gpu AS (SELECT count(*) > 0 AS yes FROM events WHERE run = $run AND kind = 'kernel'),
 items AS MATERIALIZED (

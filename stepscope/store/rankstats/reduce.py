@@ -5,54 +5,112 @@ Each :class:`RankTable` is a query over relations named like the store's views (
 ``run``/``rank``: the partition gives them). :func:`trace_views` makes those relations over one
 trace's parts, so the converter writes a trace's tables from the parts it just wrote, and
 ``stepscope migrate`` from the parts a store already holds.
+
+Planning a query costs DuckDB tens of milliseconds (the FLOP query ~0.3 s), whatever the rows:
+on a small trace that is nearly all of its ingest. So a table whose input the trace lacks
+(``RankTable.needs``: no memory events, no FLOP op, no transfer, no pipeline action, ...) is not
+planned at all: :func:`queries` finds what the trace holds in one scan and gives such a table a
+query of no rows with its columns (``RankTable.columns``), which plans in a millisecond.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepscope.store.rankstats.breakdown import PREPARE, comm_spans_query, gpu_totals_query, rank_step_query
-from stepscope.store.rankstats.collectives import RANK_COLLECTIVES, RANK_HIDING_SPANS
+from stepscope.store.rankstats.breakdown import (GPU_KINDS_SQL, PREPARE, comm_spans_query, gpu_totals_query,
+                                                 rank_step_query, sql_list)
+from stepscope.store.rankstats.collectives import HOST_SIDE_SQL, RANK_COLLECTIVES, RANK_HIDING_SPANS
 from stepscope.store.rankstats.copies import RANK_COPIES
-from stepscope.store.rankstats.flops import RANK_FLOP_OPS, RANK_FLOP_TRACES
+from stepscope.store.rankstats.flops import FLOP_OPS, RANK_FLOP_OPS, RANK_FLOP_TRACES
 from stepscope.store.rankstats.kernels import RANK_CPU_OPS, RANK_KERNELS, RANK_LAUNCHES
 from stepscope.store.rankstats.memory import (RANK_MEMORY_ALLOCATIONS, RANK_MEMORY_CURVE, RANK_MEMORY_LIVE,
                                               RANK_MEMORY_PEAKS, RANK_MEMORY_STEPS)
 from stepscope.store.rankstats.parts import GPU, HOST
-from stepscope.store.rankstats.pipeline import RANK_P2P, RANK_PIPELINE_ACTIONS, RANK_PIPELINE_WORK
+from stepscope.store.rankstats.pipeline import (ACTION_SQL, P2P_SQL, RANK_P2P, RANK_PIPELINE_ACTIONS,
+                                                RANK_PIPELINE_WORK)
 from stepscope.store.rankstats.segments import segments_query, step_windows_query
 
 
 @dataclass(frozen=True)
 class RankTable:
-    """A table of per-rank answers: its name in the store and the query that computes it."""
+    """A table of per-rank answers: its name in the store and the query that computes it.
+
+    ``needs``: SQL over one ``events`` row (alias ``e``) that holds for every row the query reads
+    its answer from, so that a trace with no such row has no row in the table (a test checks it
+    on traces without them); ``columns``: the query's columns and DuckDB types, the part written
+    instead of planning the query then. None: always computed."""
 
     name: str
     query: str
+    needs: str | None = None
+    columns: str | None = None
 
+
+_GPU_WORK = f"e.kind IN {GPU_KINDS_SQL} AND e.dur_ns > 0"
+_MEMORY = "e.kind = 'memory' AND e.ts_ns IS NOT NULL"
+"""The rows of the ``memory`` part (every memory table reads them)."""
 
 TABLES: tuple[RankTable, ...] = (
-    RankTable("rank_copies", RANK_COPIES),
-    RankTable("rank_step_gpu", rank_step_query(GPU)),
+    RankTable("rank_copies", RANK_COPIES, "e.kind = 'memcpy' AND e.dur_ns IS NOT NULL",
+              "source VARCHAR, step BIGINT, ts_ns BIGINT, dur_ns BIGINT, stream BIGINT, name VARCHAR, bytes BIGINT, "
+              "direction VARCHAR, host_memory VARCHAR, hidden_ns BIGINT, exposed_ns BIGINT"),
+    RankTable("rank_step_gpu", rank_step_query(GPU), _GPU_WORK,
+              "source VARCHAR, step BIGINT, start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT, cpu_start_ns BIGINT, "
+              "cpu_dur_ns BIGINT, compute_ns BIGINT, comm_exposed_ns BIGINT, memcpy_h2d_exposed_ns BIGINT, "
+              "memcpy_d2h_exposed_ns BIGINT, memcpy_d2d_exposed_ns BIGINT, memcpy_other_exposed_ns BIGINT, "
+              "memset_exposed_ns BIGINT, idle_ns BIGINT, comm_overlapped_ns BIGINT, memcpy_overlapped_ns BIGINT, "
+              "idle_host_wait_ns BIGINT, idle_kernel_wait_ns BIGINT, idle_other_ns BIGINT"),
     RankTable("rank_step_host", rank_step_query(HOST)),
     RankTable("rank_comm_spans", comm_spans_query()),
-    RankTable("rank_gpu_totals", gpu_totals_query()),
-    RankTable("rank_collectives", RANK_COLLECTIVES),
+    RankTable("rank_gpu_totals", gpu_totals_query(), _GPU_WORK,
+              "source VARCHAR, scope VARCHAR, gpu_start_ns BIGINT, gpu_end_ns BIGINT, gpu_events BIGINT, "
+              "gpu_busy_ns BIGINT, compute_ns BIGINT, comm_ns BIGINT, comm_comp_overlap_ns BIGINT"),
+    RankTable("rank_collectives", RANK_COLLECTIVES,
+              f"e.category = 'communication' AND e.dur_ns IS NOT NULL AND (e.kind = 'kernel' OR ({HOST_SIDE_SQL}))",
+              "source VARCHAR, pid BIGINT, tid BIGINT, step BIGINT, name VARCHAR, ts_ns BIGINT, dur_ns BIGINT, "
+              "end_ns BIGINT, stream BIGINT, correlation BIGINT, host_side BOOLEAN, collective VARCHAR, bytes BIGINT, "
+              "dtype VARCHAR, group_size BIGINT, pg_name VARCHAR, pg_desc VARCHAR, pg_ranks VARCHAR, comm_seq BIGINT, "
+              "linked BOOLEAN, phase VARCHAR"),
     RankTable("rank_hiding_spans", RANK_HIDING_SPANS),
-    RankTable("rank_kernels", RANK_KERNELS),
-    RankTable("rank_cpu_ops", RANK_CPU_OPS),
-    RankTable("rank_memory_peaks", RANK_MEMORY_PEAKS),
-    RankTable("rank_launches", RANK_LAUNCHES),
-    RankTable("rank_memory_live", RANK_MEMORY_LIVE),
-    RankTable("rank_memory_steps", RANK_MEMORY_STEPS),
-    RankTable("rank_memory_allocations", RANK_MEMORY_ALLOCATIONS),
-    RankTable("rank_memory_curve", RANK_MEMORY_CURVE),
-    RankTable("rank_p2p", RANK_P2P),
-    RankTable("rank_pipeline_actions", RANK_PIPELINE_ACTIONS),
-    RankTable("rank_pipeline_work", RANK_PIPELINE_WORK),
-    RankTable("rank_flop_ops", RANK_FLOP_OPS),
+    RankTable("rank_kernels", RANK_KERNELS, _GPU_WORK,
+              "source VARCHAR, name VARCHAR, kind VARCHAR, category VARCHAR, count BIGINT, total_ns BIGINT, "
+              "max_ns BIGINT"),
+    RankTable("rank_cpu_ops", RANK_CPU_OPS,
+              "e.kind = 'cpu_op' AND e.dur_ns IS NOT NULL AND e.name NOT LIKE 'ProfilerStep#%'",
+              "source VARCHAR, name VARCHAR, category VARCHAR, count BIGINT, total_ns BIGINT, self_ns BIGINT, "
+              "sync_ns BIGINT, max_ns BIGINT"),
+    RankTable("rank_memory_peaks", RANK_MEMORY_PEAKS, _MEMORY,
+              "source VARCHAR, device_type BIGINT, device BIGINT, step BIGINT, events BIGINT, "
+              "peak_allocated_bytes BIGINT, peak_ts_ns BIGINT, peak_reserved_bytes BIGINT, min_allocated_bytes BIGINT, "
+              "rebuilt BOOLEAN, phase VARCHAR, ops_at_peak VARCHAR[]"),
+    RankTable("rank_launches", RANK_LAUNCHES,
+              f"e.kind IN {GPU_KINDS_SQL} AND e.dur_ns IS NOT NULL AND e.correlation IS NOT NULL",
+              "source VARCHAR, launches BIGINT, launch_ns BIGINT, launched_gpu_ns BIGINT, short_launches BIGINT, "
+              "median_launch_delay_ns DOUBLE"),
+    RankTable("rank_memory_live", RANK_MEMORY_LIVE, _MEMORY,
+              "source VARCHAR, device_type BIGINT, device BIGINT, first_ts_ns BIGINT, last_ts_ns BIGINT, "
+              "peak_ts_ns BIGINT, peak_allocated_bytes BIGINT, live_allocations BIGINT, live_bytes BIGINT"),
+    RankTable("rank_memory_steps", RANK_MEMORY_STEPS, _MEMORY,
+              "source VARCHAR, device_type BIGINT, device BIGINT, step BIGINT, allocations BIGINT, bytes BIGINT"),
+    RankTable("rank_memory_allocations", RANK_MEMORY_ALLOCATIONS, _MEMORY,
+              "source VARCHAR, memory_index BIGINT, device_type BIGINT, device BIGINT, addr BIGINT, bytes BIGINT, "
+              "step BIGINT, alloc_ts_ns BIGINT, free_ts_ns BIGINT, allocated_by VARCHAR[]"),
+    RankTable("rank_memory_curve", RANK_MEMORY_CURVE, _MEMORY,
+              "source VARCHAR, device_type BIGINT, device BIGINT, bucket BIGINT, ts_ns BIGINT, total_allocated BIGINT, "
+              "total_reserved BIGINT, rebuilt BOOLEAN"),
+    RankTable("rank_p2p", RANK_P2P, P2P_SQL,
+              "source VARCHAR, step BIGINT, ts_ns BIGINT, dur_ns BIGINT, send BOOLEAN, peer_index BIGINT"),
+    RankTable("rank_pipeline_actions", RANK_PIPELINE_ACTIONS, ACTION_SQL,
+              "source VARCHAR, ts_ns BIGINT, end_ns BIGINT, stage BIGINT, action VARCHAR, microbatch BIGINT"),
+    RankTable("rank_pipeline_work", RANK_PIPELINE_WORK, f"({P2P_SQL}) OR ({ACTION_SQL})",
+              "source VARCHAR, issue_ns BIGINT, start_ns BIGINT, end_ns BIGINT, phase VARCHAR, on_gpu BOOLEAN"),
+    RankTable("rank_flop_ops", RANK_FLOP_OPS, f"e.kind = 'cpu_op' AND e.name IN {sql_list(tuple(FLOP_OPS))}",
+              "source VARCHAR, pid BIGINT, tid BIGINT, step BIGINT, name VARCHAR, family VARCHAR, leaf BOOLEAN, "
+              "ts_ns BIGINT, dur_ns BIGINT, flops BIGINT, flops_source VARCHAR, dtype VARCHAR, counted BOOLEAN, "
+              "reason VARCHAR, gpu_ns BIGINT, kernels BIGINT, tf32 BOOLEAN"),
     RankTable("rank_flop_traces", RANK_FLOP_TRACES),
     RankTable("rank_step_windows", step_windows_query()),
     RankTable("rank_segments", segments_query()),
@@ -83,3 +141,31 @@ def prepare(con: Any, run: str) -> None:
     the views :func:`trace_views` made."""
     for statement in PREPARE:
         con.execute(statement, params(statement, run))
+
+
+def no_rows(table: RankTable) -> str:
+    """A query of no rows with ``table``'s columns (it plans in about a millisecond)."""
+    if table.columns is None:
+        raise ValueError(f"{table.name} is always computed: it has no columns declared")
+    casts = ", ".join(f"NULL::{kind} AS {name}" for name, kind in
+                      (column.strip().split(" ", 1) for column in table.columns.split(", ")))
+    return f"SELECT {casts} WHERE FALSE"
+
+
+def present(con: Any, run: str) -> dict[str, bool]:
+    """Table name -> whether the trace in ``con``'s views holds a row its ``needs`` asks for (one
+    scan of ``events``); tables that are always computed are left out."""
+    needy = [t for t in TABLES if t.needs is not None]
+    distinct = list(dict.fromkeys(t.needs for t in needy))
+    flags = con.execute("SELECT " + ", ".join(f"count(*) FILTER ({needs}) > 0" for needs in distinct)
+                        + " FROM events e WHERE e.run = $run", {"run": run}).fetchone()
+    found = dict(zip(distinct, flags))
+    return {t.name: bool(found[t.needs]) for t in needy}
+
+
+def queries(con: Any, run: str) -> Iterator[tuple[str, str]]:
+    """Each table's name and the query that writes its part for the trace in ``con``'s views
+    (after :func:`prepare`): its own, or :func:`no_rows` where the trace lacks its input."""
+    has = present(con, run)
+    for table in TABLES:
+        yield table.name, table.query if has.get(table.name, True) else no_rows(table)

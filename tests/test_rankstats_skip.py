@@ -1,0 +1,101 @@
+"""A rank table whose input a trace lacks is not planned at ingest: what it writes instead is right.
+
+``rankstats.queries`` gives a table whose ``needs`` no event of the trace meets a query of no
+rows with the table's declared columns. Two things make that safe, checked here on real traces
+that lack one input or another (no GPU, no memory events, no pipeline, no events at all):
+
+- every such table's own query, run over the same trace, returns no row (so ``needs`` is not
+  narrower than what the query reads);
+- the declared columns are exactly the query's columns and DuckDB types (so the empty part has
+  the schema the computed one would have).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stepscope.store import engine, rankstats
+from stepscope.store.ingest import ingest_paths
+from tests.conftest import SHARED_TRACES
+
+REPO = Path(__file__).resolve().parent.parent
+
+SAMPLES = [
+    "sample_traces/gloo-3ranks-late/rank0.pt.trace.json.gz",
+    "sample_traces/pp-gpipe-3stages/rank1.pt.trace.json.gz",
+    "sample_traces/cpu-transformer/rank0.pt.trace.json.gz",
+]
+"""This project's recordings: CPU-only (gloo), a pipeline stage, a CPU model."""
+
+SHARED = [
+    "hta/trace_filter/sampled_rank-0.json.gz",
+    "hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
+    "hta/rank_non_gpu/rank_non_gpu.json.gz",
+    "hta/trace_compare/base/base.json.gz",
+]
+"""Shared traces with GPU work but no memory events or pipeline, or without GPU work, or tiny."""
+
+
+def _traces(tmp_path: Path) -> list[Path]:
+    paths = [REPO / s for s in SAMPLES]
+    if SHARED_TRACES.is_dir():
+        paths += [SHARED_TRACES / s for s in SHARED if (SHARED_TRACES / s).is_file()]
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"schemaVersion": 1, "traceEvents": []}')
+    return [*paths, empty]
+
+
+def _trace_connection(trace: Path, store: Path):
+    """A connection whose views hold the one trace of ``store`` (as ingest computes its tables)."""
+    report = ingest_paths([trace], store, "t")
+    assert report.ok, report.errors
+    (stored,) = report.stored
+    con = engine.connect(limit="512MB", threads=1)
+    parts = {t: store / t / "run=t" / f"rank={stored.rank}" / f"part-{stored.source}.parquet"
+             for t in ("events", "steps", "memory")}
+    rankstats.trace_views(con, parts, "t", stored.rank)
+    rankstats.prepare(con, "t")
+    return con
+
+
+def _columns(con, query: str) -> list[tuple[str, str]]:
+    return [(r[0], r[1]) for r in con.execute(f"DESCRIBE {query}", rankstats.params(query, "t")).fetchall()]
+
+
+def test_tables_whose_input_is_absent_have_no_rows_and_the_declared_columns(tmp_path: Path) -> None:
+    skipped: set[str] = set()
+    for k, trace in enumerate(_traces(tmp_path)):
+        con = _trace_connection(trace, tmp_path / f"store{k}")
+        has = rankstats.present(con, "t")
+        for table in rankstats.TABLES:
+            if table.needs is None:
+                continue
+            assert _columns(con, rankstats.no_rows(table)) == _columns(con, table.query), table.name
+            if not has[table.name]:
+                skipped.add(table.name)
+                (rows,) = con.execute(f"SELECT count(*) FROM ({table.query})",
+                                      rankstats.params(table.query, "t")).fetchone()
+                assert rows == 0, f"{trace.name}: {table.name} has {rows} rows although its input is absent"
+        con.close()
+    # every table that can be skipped was skipped on some trace (else the check above proved nothing)
+    assert skipped == {t.name for t in rankstats.TABLES if t.needs is not None}
+
+
+def test_queries_give_the_real_query_where_the_input_is_present(tmp_path: Path) -> None:
+    con = _trace_connection(REPO / SAMPLES[1], tmp_path / "store")
+    chosen = dict(rankstats.queries(con, "t"))
+    by_name = {t.name: t for t in rankstats.TABLES}
+    assert list(chosen) == list(by_name)
+    has = rankstats.present(con, "t")
+    assert has["rank_pipeline_work"] and not has["rank_gpu_totals"]
+    assert chosen["rank_pipeline_work"] == by_name["rank_pipeline_work"].query
+    assert chosen["rank_gpu_totals"] == rankstats.no_rows(by_name["rank_gpu_totals"])
+    assert chosen["rank_step_host"] == by_name["rank_step_host"].query  # always computed
+
+
+def test_a_table_that_is_always_computed_has_no_empty_query() -> None:
+    always = next(t for t in rankstats.TABLES if t.needs is None)
+    with pytest.raises(ValueError):
+        rankstats.no_rows(always)
