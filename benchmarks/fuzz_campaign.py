@@ -36,6 +36,11 @@ from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 from tests.fuzz_mutations import Case, cases, materialize  # noqa: E402
 
 
+CHUNK = 200
+"""Cases drawn at a time (Hypothesis run ``k`` of a campaign uses seed ``seed * 100_000 + k``):
+drawing 10,000 at once took 8 minutes before the first case ran."""
+
+
 def draw_cases(n: int, seed_value: int) -> list[Case]:
     """N cases drawn by Hypothesis from ``seed_value`` (generation only: the campaign records
     failures rather than stopping at the first; the suite's run shrinks them)."""
@@ -49,7 +54,24 @@ def draw_cases(n: int, seed_value: int) -> list[Case]:
         drawn.append(case)
 
     collect()
-    return drawn
+    return drawn[:n]
+
+
+class CaseStream:
+    """The campaign's cases, drawn a chunk at a time as they are needed (deterministic)."""
+
+    def __init__(self, n: int, seed_value: int) -> None:
+        self.n, self.seed = n, seed_value
+        self.cases: list[Case] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> Case:
+        while index >= len(self.cases):
+            chunk = len(self.cases) // CHUNK
+            self.cases += draw_cases(min(CHUNK, self.n - len(self.cases)), self.seed * 100_000 + chunk)
+        return self.cases[index]
 
 
 def _worker(conn: Connection, work: str) -> None:
@@ -85,6 +107,7 @@ class Worker:
         self.task: int | None = None
         self.started = 0.0
         self.ready = False
+        self.budget = 0.0
 
     def send(self, index: int, payload: tuple[Any, ...]) -> None:
         self.task, self.started = index, time.monotonic()
@@ -101,7 +124,9 @@ def main() -> int:
     parser.add_argument("--cases", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=26)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=180, help="hang bound per case, seconds")
+    parser.add_argument("--timeout", type=float, default=600,
+                        help="hang bound, seconds: for a case's ingest and summary, and again for each "
+                             "dashboard page and command-line call it runs")
     parser.add_argument("--dashboard-every", type=int, default=40, metavar="K",
                         help="every K-th ingested case also renders every dashboard page")
     parser.add_argument("--cli-every", type=int, default=100, metavar="M",
@@ -111,11 +136,10 @@ def main() -> int:
                         help="where failing inputs are written")
     args = parser.parse_args()
 
-    from tests.fuzz_oracle import memory_bound
+    from tests.fuzz_oracle import PAGES, memory_bound
 
     t0 = time.monotonic()
-    todo = draw_cases(args.cases, args.seed)
-    print(f"drew {len(todo)} cases from seed {args.seed} in {time.monotonic() - t0:.0f} s", flush=True)
+    todo = CaseStream(args.cases, args.seed)
     deadline = _deadline(args.until)
     work = Path(tempfile.mkdtemp(prefix="stepscope-fuzz-"))
     ctx = multiprocessing.get_context("spawn")
@@ -133,6 +157,7 @@ def main() -> int:
                     cli = args.cli_every > 0 and next_case % args.cli_every == 0
                     cli_cases += cli
                     dash = args.dashboard_every > 0 and ingested_seen % args.dashboard_every == args.dashboard_every - 1
+                    w.budget = args.timeout * (1 + len(PAGES) * dash + 2 * cli)
                     w.send(next_case, (next_case, todo[next_case], dash, cli))
                     next_case += 1
             if stop and all(w.task is None for w in workers):
@@ -163,8 +188,8 @@ def main() -> int:
                     _progress(results, failures, t0)
             now = time.monotonic()
             for i, w in enumerate(workers):
-                if w.task is not None and now - w.started > args.timeout:
-                    _lost(w, f"hang: no answer within {args.timeout:.0f} s", todo, results, failures, args.save)
+                if w.task is not None and now - w.started > w.budget:
+                    _lost(w, f"hang: no answer within {w.budget:.0f} s", todo, results, failures, args.save)
                     workers[i] = Worker(ctx, work, spawned)
                     spawned += 1
     finally:
@@ -184,7 +209,7 @@ def _deadline(until: str | None) -> dt.datetime | None:
     return chosen if chosen > now else chosen + dt.timedelta(days=1)
 
 
-def _lost(w: Worker, why: str, todo: list[Case], results: dict[int, tuple[Any, ...]],
+def _lost(w: Worker, why: str, todo: CaseStream, results: dict[int, tuple[Any, ...]],
           failures: list[tuple[int, str]], save: Path) -> None:
     """A case whose worker hung or died: a failure of its own; the worker is replaced."""
     index = w.task
@@ -228,7 +253,8 @@ def _report(results: dict[int, tuple[Any, ...]], failures: list[tuple[int, str]]
           f"hang {kinds['hang']}")
     print(f"dashboard: every page (AppTest) on {dashboards} ingested cases (every {args.dashboard_every}th); "
           f"command line on {clis} cases (every {args.cli_every}th, {cli_cases} handed out)")
-    print(f"bounds: hang {args.timeout:.0f} s per case (slowest {slowest:.1f} s); memory {bound / 2**20:.0f} MiB "
+    print(f"bounds: hang {args.timeout:.0f} s per case, plus as much per dashboard page and command "
+          f"(slowest case {slowest:.1f} s); memory {bound / 2**20:.0f} MiB "
           f"over a case's start (highest peak RSS {max(peaks, default=0) / 2**20:.0f} MiB)")
     print("refusals by reason:")
     for reason, count in reasons.most_common():
