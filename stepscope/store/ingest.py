@@ -71,6 +71,11 @@ class IngestReport:
         return not self.errors
 
 
+RANK_MAX = 2**31 - 1
+"""The largest rank the store holds: its ``rank=`` partition folders are read as 32-bit integers
+(``catalog``), and one folder beyond that made every query of the whole store fail."""
+
+
 def rank_from_name(path: Path) -> int | None:
     """Rank written in a file name: ``rank-3``, ``rank3``, ``worker3``, ``_rank_3``."""
     match = RANK_IN_NAME.search(path.name)
@@ -214,6 +219,9 @@ def convert_file(
             resolved, how = int(rank), rank_from or "option"
         else:
             resolved, how = resolve_rank(trace, position)
+        if resolved > RANK_MAX:
+            raise TraceFormatError(path, f"rank {resolved} (from {how}) is out of range (the store holds "
+                                         f"ranks up to {RANK_MAX:,})")
         same = checked(dedupe.same_trace, root, rid, source, trace.content_sha256)
         if same is not None:
             return skipped_trace(path, rid, same, source, resolved, how)
