@@ -7,7 +7,10 @@ unit-tested without a process group. Two triggers (docs/WATCH.md):
 - ``slow_step``: on one rank, a step slower than ``slow_factor`` times the rolling median of that
   rank's recent steps, and by at least ``min_slow_ms``, once ``warmup_steps`` have passed;
 - ``straggler``: at an exchange, a rank whose median step since the previous exchange is slower
-  than ``slow_factor`` times the median of the other ranks' (and by ``min_slow_ms``).
+  than ``slow_factor`` times the median of the other ranks' (and by ``min_slow_ms``);
+- ``slow_vs_ranks``: a step that ran while this rank's trace was being converted (in a child
+  process, which competes for cores and so disturbs the rolling median's basis), slow against
+  the rolling median *and*, at the exchange, against the other ranks' times of the same step.
 
 Every rank applies :func:`agree` to the same gathered reports, so every rank reaches the same
 decision without another round trip.
@@ -27,12 +30,19 @@ TRIGGER_KINDS = {
                  "median {reference:.1f} ms)",
     "straggler": "rank {rank} straggling at step {step} (median step {observed:.1f} ms, "
                  "{ratio:.1f}x the other ranks' median {reference:.1f} ms)",
+    "slow_vs_ranks": "slow step {step} on rank {rank} while its trace was converted "
+                     "({observed:.1f} ms, {ratio:.1f}x the other ranks' {reference:.1f} ms at "
+                     "that step)",
 }
 """Values of ``captures.trigger_kind``, with how a log line describes each."""
 _KIND_CODES = tuple(TRIGGER_KINDS)
 
 MIN_HISTORY = 5
 """Steps in the rolling median before a step is judged against it."""
+
+MAX_STEP_HISTORY = 256
+"""At most this many steps before an exchange have their times in its row (``every`` of them
+when ``every`` is smaller): the other ranks' basis for ``slow_vs_ranks``."""
 
 BLOCKED_RATE = 1
 BLOCKED_DISK = 2
@@ -84,6 +94,11 @@ class Watch:
         for ok, message in checks:
             if not ok:
                 raise UsageError(f"stepscope.Watch: {message}")
+
+    @property
+    def step_history(self) -> int:
+        """Steps before an exchange whose times each rank sends with it."""
+        return min(self.every, MAX_STEP_HISTORY)
 
     @property
     def min_slow_ns(self) -> int:
@@ -169,14 +184,21 @@ class StepDetector:
 
     def observe(self, step: int, work_ns: int) -> Trigger | None:
         """Judge step ``step`` (``work_ns`` long) against the median of the steps before it."""
+        slow = self.suspect(step, work_ns)
         reference = self._median.median
         self._median.add(work_ns)
         self._recent.append(work_ns)
-        if step < self.options.warmup_steps or len(self._median) <= MIN_HISTORY or reference is None:
-            return None
-        if self.options.is_slow(work_ns, reference):
+        if slow and reference is not None:
             return Trigger("slow_step", self.rank, step, work_ns, reference)
         return None
+
+    def suspect(self, step: int, work_ns: int) -> bool:
+        """Whether ``work_ns`` is slow against the median so far, without adding it to the
+        median (for steps whose basis is disturbed: the other ranks decide at the exchange)."""
+        reference = self._median.median
+        if step < self.options.warmup_steps or len(self._median) <= MIN_HISTORY or reference is None:
+            return False
+        return self.options.is_slow(work_ns, reference)
 
     def take_recent(self) -> int | None:
         """Median of the steps observed since the last call (the straggler check's summary)."""
@@ -185,34 +207,63 @@ class StepDetector:
 
 
 @dataclass(frozen=True)
+class StepTime:
+    """One step's work time as a rank sends it: ``suspect`` when the step ran during a
+    conversion and was slow against the rank's rolling median (the others' times decide)."""
+
+    work_ns: int
+    suspect: bool = False
+
+
+@dataclass(frozen=True)
 class RankReport:
-    """What one rank contributes to an exchange: a fixed-size row of int64 (``encode``)."""
+    """What one rank contributes to an exchange: a fixed-size row of int64 (``encode``).
+
+    ``history``: the work times of the ``Watch.step_history`` steps up to ``step``, oldest
+    first (None for a step without one: profiled, or not timed)."""
 
     rank: int
     step: int
     trigger: Trigger | None
     recent_ns: int | None
     blocked: int
+    history: tuple[StepTime | None, ...] = ()
 
     _NONE = -1
-    """Placeholder for a missing value inside the exchanged row only (never stored)."""
+    """Placeholder for a missing value inside the exchanged row only (never stored); a suspect
+    step's time ``t`` travels as ``-2 - t``."""
 
     def encode(self) -> list[int]:
         t = self.trigger
         kind = 0 if t is None else _KIND_CODES.index(t.kind) + 1
         return [self.step, kind, t.step if t else self._NONE, t.observed_ns if t else self._NONE,
                 t.reference_ns if t else self._NONE,
-                self._NONE if self.recent_ns is None else self.recent_ns, self.blocked]
+                self._NONE if self.recent_ns is None else self.recent_ns, self.blocked,
+                *(self._NONE if h is None else -2 - h.work_ns if h.suspect else h.work_ns
+                  for h in self.history)]
 
     @classmethod
     def decode(cls, rank: int, row: Sequence[int]) -> RankReport:
-        step, kind, t_step, observed, reference, recent, blocked = (int(v) for v in row)
+        step, kind, t_step, observed, reference, recent, blocked = (int(v) for v in row[:_FIXED])
         trigger = (None if kind == 0 else
                    Trigger(_KIND_CODES[kind - 1], rank, t_step, observed, reference))
-        return cls(rank, step, trigger, None if recent == cls._NONE else recent, blocked)
+        history = tuple(None if v == cls._NONE else StepTime(-2 - v, True) if v < 0
+                        else StepTime(v) for v in (int(x) for x in row[_FIXED:]))
+        return cls(rank, step, trigger, None if recent == cls._NONE else recent, blocked, history)
+
+    def step_time(self, step: int) -> StepTime | None:
+        """This rank's time of ``step``, when it is in ``history``."""
+        index = step - (self.step - len(self.history) + 1)
+        return self.history[index] if 0 <= index < len(self.history) else None
 
 
-ROW_LENGTH = len(RankReport(0, 0, None, None, 0).encode())
+_FIXED = 7
+"""Values of a row before its step history."""
+
+
+def row_length(options: Watch) -> int:
+    """The exchanged row's length: the fixed values and ``options.step_history`` step times."""
+    return _FIXED + options.step_history
 
 
 @dataclass(frozen=True)
@@ -258,6 +309,27 @@ def _median_without(values: Sequence[int], index: int) -> int:
     return at(mid) if m % 2 else (at(mid - 1) + at(mid)) // 2
 
 
+def cross_rank_triggers(reports: Sequence[RankReport], options: Watch) -> list[Trigger]:
+    """Suspect steps (slow against their own rank's median while its trace was converted) that
+    are also slow against the median of the other ranks' times of the same step: those times
+    are the basis a conversion on one rank does not disturb. In a synchronous job a rank that
+    stalls after its collectives is slow at that step, and the others wait for it in the next
+    one, so the same step compares the stalled rank with ranks that were not waiting yet."""
+    found = []
+    for report in reports:
+        first = report.step - len(report.history) + 1
+        for index, mine in enumerate(report.history):
+            step = first + index
+            if mine is None or not mine.suspect or step < options.warmup_steps:
+                continue
+            others = sorted(t.work_ns for other in reports if other.rank != report.rank
+                            if (t := other.step_time(step)) is not None)
+            reference = _median_of_sorted(others)
+            if reference is not None and options.is_slow(mine.work_ns, reference):
+                found.append(Trigger("slow_vs_ranks", report.rank, step, mine.work_ns, reference))
+    return found
+
+
 def agree(reports: Sequence[RankReport], options: Watch) -> Decision:
     """The decision every rank takes from the same gathered reports.
 
@@ -268,6 +340,7 @@ def agree(reports: Sequence[RankReport], options: Watch) -> Decision:
     """
     candidates = [r.trigger for r in reports if r.trigger is not None]
     candidates += straggler_triggers(reports, options)
+    candidates += cross_rank_triggers(reports, options)
     blocked = 0
     for report in reports:
         blocked |= report.blocked
