@@ -81,8 +81,9 @@ class Profile:
         self.timer = StepTimer()
         self._activity = self.handler.writer.activity()
         self._boundary: str | None = None
-        """What stepscope did at the start of the step now running (``step_times.disturbed_by``:
-        ``profiler`` started/stopped and its trace exported, the watch's ``exchange``)."""
+        """What stepscope did in the step now running (``step_times.disturbed_by``): the
+        ``profiler`` records it, or was stopped and its trace exported at its start; the watch's
+        ``exchange`` ran at its start."""
         self._step_times_every_ns = int(step_times_every_s * 1e9)
         self._step_times_due_ns: int | None = None
         self.step_num = 0
@@ -187,26 +188,24 @@ class Profile:
         prof = self._torch
         if prof is None:
             prof = self._open_for_capture(step)
-            if prof is not None:
-                self._boundary = "profiler"
         if prof is None:
             return
+        if action in PROFILING or self._actions(step + 1) in PROFILING:
+            # The next step runs under the profiler, or pays for its stop and the export.
+            self._boundary = "profiler"
         try:
             if recording and self.handler.roles.enabled:
                 self.handler.note_gradients(step)
             if action not in PROFILING and self._actions(step + 1) in PROFILING:
                 self.handler.start_memory_history()
-                self._boundary = "profiler"
             prof.step()
             if action is ProfilerAction.RECORD_AND_SAVE:
                 # The trace was just exported and handed to the writer; the step times follow
                 # it in the queue.
-                self._boundary = "profiler"
                 self._submit_step_times()
             if step >= self.schedule.last_step and not (self._captures is not None
                                                         and self._captures.busy(step)):
                 self._torch = None
-                self._boundary = "profiler"
                 prof.__exit__(None, None, None)
         except Exception as exc:  # noqa: BLE001 - never hurt the job
             self._give_up("a profiler step", exc)

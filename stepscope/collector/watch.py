@@ -9,8 +9,8 @@ unit-tested without a process group. Two triggers (docs/WATCH.md):
 - ``straggler``: at an exchange, a rank whose median step since the previous exchange is slower
   than ``slow_factor`` times the median of the other ranks' (and by ``min_slow_ms``);
 - ``slow_vs_ranks``: a step that ran while this rank's trace was being converted (in a child
-  process, which competes for cores and so disturbs the rolling median's basis), slow against
-  the rolling median *and*, at the exchange, against the other ranks' times of the same step.
+  process, which competes for cores and so disturbs the rolling median's basis), slow at the
+  exchange against the other ranks' times of the same step.
 
 Every rank applies :func:`agree` to the same gathered reports, so every rank reaches the same
 decision without another round trip.
@@ -18,6 +18,7 @@ decision without another round trip.
 
 from __future__ import annotations
 
+import statistics
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
@@ -31,8 +32,8 @@ TRIGGER_KINDS = {
     "straggler": "rank {rank} straggling at step {step} (median step {observed:.1f} ms, "
                  "{ratio:.1f}x the other ranks' median {reference:.1f} ms)",
     "slow_vs_ranks": "slow step {step} on rank {rank} while its trace was converted "
-                     "({observed:.1f} ms, {ratio:.1f}x the other ranks' {reference:.1f} ms at "
-                     "that step)",
+                     "({observed:.1f} ms, {ratio:.1f}x the {reference:.1f} ms the other ranks' "
+                     "times of that step predict)",
 }
 """Values of ``captures.trigger_kind``, with how a log line describes each."""
 _KIND_CODES = tuple(TRIGGER_KINDS)
@@ -184,21 +185,14 @@ class StepDetector:
 
     def observe(self, step: int, work_ns: int) -> Trigger | None:
         """Judge step ``step`` (``work_ns`` long) against the median of the steps before it."""
-        slow = self.suspect(step, work_ns)
         reference = self._median.median
         self._median.add(work_ns)
         self._recent.append(work_ns)
-        if slow and reference is not None:
+        if step < self.options.warmup_steps or len(self._median) <= MIN_HISTORY or reference is None:
+            return None
+        if self.options.is_slow(work_ns, reference):
             return Trigger("slow_step", self.rank, step, work_ns, reference)
         return None
-
-    def suspect(self, step: int, work_ns: int) -> bool:
-        """Whether ``work_ns`` is slow against the median so far, without adding it to the
-        median (for steps whose basis is disturbed: the other ranks decide at the exchange)."""
-        reference = self._median.median
-        if step < self.options.warmup_steps or len(self._median) <= MIN_HISTORY or reference is None:
-            return False
-        return self.options.is_slow(work_ns, reference)
 
     def take_recent(self) -> int | None:
         """Median of the steps observed since the last call (the straggler check's summary)."""
@@ -208,11 +202,11 @@ class StepDetector:
 
 @dataclass(frozen=True)
 class StepTime:
-    """One step's work time as a rank sends it: ``suspect`` when the step ran during a
-    conversion and was slow against the rank's rolling median (the others' times decide)."""
+    """One step's work time as a rank sends it: ``converting`` when the step ran while the rank's
+    trace was converted, so that the other ranks' times judge it (``cross_rank_triggers``)."""
 
     work_ns: int
-    suspect: bool = False
+    converting: bool = False
 
 
 @dataclass(frozen=True)
@@ -230,7 +224,7 @@ class RankReport:
     history: tuple[StepTime | None, ...] = ()
 
     _NONE = -1
-    """Placeholder for a missing value inside the exchanged row only (never stored); a suspect
+    """Placeholder for a missing value inside the exchanged row only (never stored); a converting
     step's time ``t`` travels as ``-2 - t``."""
 
     def encode(self) -> list[int]:
@@ -239,7 +233,7 @@ class RankReport:
         return [self.step, kind, t.step if t else self._NONE, t.observed_ns if t else self._NONE,
                 t.reference_ns if t else self._NONE,
                 self._NONE if self.recent_ns is None else self.recent_ns, self.blocked,
-                *(self._NONE if h is None else -2 - h.work_ns if h.suspect else h.work_ns
+                *(self._NONE if h is None else -2 - h.work_ns if h.converting else h.work_ns
                   for h in self.history)]
 
     @classmethod
@@ -310,23 +304,35 @@ def _median_without(values: Sequence[int], index: int) -> int:
 
 
 def cross_rank_triggers(reports: Sequence[RankReport], options: Watch) -> list[Trigger]:
-    """Suspect steps (slow against their own rank's median while its trace was converted) that
-    are also slow against the median of the other ranks' times of the same step: those times
-    are the basis a conversion on one rank does not disturb. In a synchronous job a rank that
-    stalls after its collectives is slow at that step, and the others wait for it in the next
-    one, so the same step compares the stalled rank with ranks that were not waiting yet."""
+    """Steps that ran while their rank's trace was being converted, judged against the other
+    ranks' times of the same step: the basis a conversion (or a loaded machine, which slows
+    every rank of a synchronous job alike) does not disturb.
+
+    A rank's step is slow when it exceeds ``slow_factor`` x its reference, and by
+    ``min_slow_ms``: the median of the other ranks' times of that step, scaled by how this rank
+    usually compares with them (the median ratio over the steps of the exchange, so that a rank
+    that is always slower, a pipeline stage, is not slow for that). In a synchronous job a rank
+    that stalls after its collectives is slow at that step and the others wait for it in the
+    next one, so the earliest trigger still names the rank where it began.
+    """
     found = []
     for report in reports:
         first = report.step - len(report.history) + 1
+        against: list[tuple[int, StepTime, int]] = []
         for index, mine in enumerate(report.history):
-            step = first + index
-            if mine is None or not mine.suspect or step < options.warmup_steps:
-                continue
             others = sorted(t.work_ns for other in reports if other.rank != report.rank
-                            if (t := other.step_time(step)) is not None)
+                            if (t := other.step_time(first + index)) is not None)
             reference = _median_of_sorted(others)
-            if reference is not None and options.is_slow(mine.work_ns, reference):
-                found.append(Trigger("slow_vs_ranks", report.rank, step, mine.work_ns, reference))
+            if mine is not None and reference:
+                against.append((first + index, mine, reference))
+        if len(against) <= MIN_HISTORY:
+            continue
+        usual = statistics.median(mine.work_ns / reference for _, mine, reference in against)
+        for step, mine, reference in against:
+            expected = round(usual * reference)
+            if mine.converting and step >= options.warmup_steps and \
+                    options.is_slow(mine.work_ns, expected):
+                found.append(Trigger("slow_vs_ranks", report.rank, step, mine.work_ns, expected))
     return found
 
 

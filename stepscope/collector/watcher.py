@@ -14,8 +14,8 @@ the steps after it and trigger the next: profiled steps (profiling slows them by
 judged at all, nor are steps during which the background writer worked in this process (it
 competes for the interpreter; a short while after each trace). Steps during which the niced
 child process converted a trace (seconds, even minutes for a large trace) are judged on another
-basis: one slow against the rolling median is a suspect, and the exchange compares it with the
-other ranks' times of the same step (``watch.cross_rank_triggers``).
+basis: at the exchange, against the other ranks' times of the same step
+(``watch.cross_rank_triggers``).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Watcher:
     """One rank's watch. ``anomalies`` counts agreed triggers, ``captures`` lists the windows
     opened for them, ``not_captured`` counts the rest by reason (``budget``, ``disk``,
     ``capturing``: a capture was already under way, ``profiler off``); ``enabled`` turns False
-    for good when an exchange fails."""
+    for good when an exchange fails; ``blind_ns`` sums the steps it could not judge at all."""
 
     def __init__(self, options: Watch, schedule: CaptureSchedule, handler: TraceHandler,
                  exchange: Exchange, disk: DiskBudget, policy: FaultPolicy,
@@ -72,6 +72,8 @@ class Watcher:
         self.anomalies = 0
         self.captures: list[CaptureWindow] = []
         self.not_captured: Counter[str] = Counter()
+        self.blind_ns = 0
+        """Work time of the idle steps judged on no basis (the writer worked in this process)."""
         self._handler = handler
         self._exchange = exchange
         self._disk = disk
@@ -129,9 +131,10 @@ class Watcher:
     def _judge(self, step: int, work_ns: int, during: frozenset[str]) -> StepTime:
         """Judge one idle step on the basis its disturbance leaves (see the module's doc)."""
         if HERE in during:
+            self.blind_ns += work_ns
             return StepTime(work_ns)
         if ELSEWHERE in during:
-            return StepTime(work_ns, self._detector.suspect(step, work_ns))
+            return StepTime(work_ns, converting=True)
         trigger = self._detector.observe(step, work_ns)
         if trigger is not None and self._pending is None:
             self._pending = trigger
