@@ -81,8 +81,15 @@ def test_profile_single_process(tmp_path: Path) -> None:
     assert (prof.run, prof.rank) == ("single", 0)
     store = open_store(tmp_path)
     assert store.sql("SELECT ranks FROM runs").to_pylist() == [{"ranks": 1}]
-    timed = store.sql("SELECT step, profiled, samples, tokens FROM step_times ORDER BY step").to_pylist()
+    timed = store.sql("SELECT step, profiled, samples, tokens, disturbed_by FROM step_times "
+                      "ORDER BY step").to_pylist()
     assert [(r["step"], r["profiled"]) for r in timed] == [(s, s == 3) for s in range(6)]
+    # What the collector did in each step, from the schedule: warm-up (2) and recording (3)
+    # under the profiler, step 4 pays for its stop and the export; the trace is then converted
+    # in the background (a second or more, so step 5 of this tiny model runs meanwhile).
+    marks = [r["disturbed_by"] for r in timed]
+    assert marks[:5] == [None, None, "profiler", "profiler", "profiler"]
+    assert marks[5] in ("writer", "conversion")
     assert {(r["samples"], r["tokens"]) for r in timed} == {(TINY.batch, None)}
     meta = json.loads(store.sql("SELECT metadata FROM sources").to_pylist()[0]["metadata"])
     assert (meta["rank"], meta["world_size"], meta["backend"]) == (0, 1, None)

@@ -35,6 +35,8 @@ class WatchJob:
     slow_rank: int = 1
     slow_at: tuple[int, ...] = ()
     """Steps at whose end ``slow_rank`` sleeps 4x its median step (after its collectives)."""
+    stall_s: float | None = None
+    """Sleep this long at those steps instead."""
     die_at: int | None = None
     """Step at whose end rank 1 dies, half a second after rank 0 entered the exchange."""
     ddp: bool = True
@@ -44,10 +46,10 @@ class WatchJob:
     active: int = 2
     trace_dir: str | None = None
     strict: bool = True
-    convert: str = "thread"
-    """In the writer thread: the watch judges no step while a trace is written, and a niced
-    conversion child can take many seconds on a loaded 2-core machine; in the thread it takes
-    about one."""
+    convert: str = "process"
+    """The default: the niced child can take many seconds on a loaded 2-core machine, and the
+    steps meanwhile are judged against the other rank's (in the writer thread the whole
+    conversion would be blind)."""
 
 
 class _Records(logging.Handler):
@@ -91,7 +93,8 @@ def watch_rank(rank: int, world_size: int, port: int, job: WatchJob, results: An
             time.sleep(job.pad_s)
             if rank == job.slow_rank and step in job.slow_at:
                 s0 = time.perf_counter_ns()
-                time.sleep(4 * statistics.median(walls) / 1e9)
+                time.sleep(job.stall_s if job.stall_s is not None
+                           else 4 * statistics.median(walls) / 1e9)
                 slept[step] = time.perf_counter_ns() - s0
             if rank == 1 and step == job.die_at:
                 time.sleep(0.5)
@@ -109,6 +112,7 @@ def watch_rank(rank: int, world_size: int, port: int, job: WatchJob, results: An
                      for w in (watcher.captures if watcher else [])],
         "not_captured": dict(watcher.not_captured) if watcher else None,
         "enabled": watcher.enabled if watcher else None,
+        "blind_ns": watcher.blind_ns if watcher else None,
         "log": records.lines,
     })
     dist.destroy_process_group()

@@ -12,7 +12,6 @@ namespace whose process is gone, and any folder untouched for ``STALE_S``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -23,7 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 log = logging.getLogger("stepscope.collector")
 
@@ -53,19 +52,21 @@ _previous_handler: Any = None
 _installed = False
 
 
-@contextlib.contextmanager
-def export_folder(store: Path) -> Iterator[Path]:
-    """A fresh folder in ``store`` for one export, removed afterwards (and on SIGTERM)."""
+def make_export_folder(store: Path) -> Path:
+    """A fresh folder in ``store`` for one export, removed on SIGTERM until
+    ``remove_export_folder``."""
     store.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{_HOST}-{os.getpid()}-", dir=store))
     with _lock:
         _live.add(folder)
-    try:
-        yield folder
-    finally:
-        with _lock:
-            _live.discard(folder)
-        shutil.rmtree(folder, ignore_errors=True)
+    return folder
+
+
+def remove_export_folder(folder: Path) -> None:
+    """Remove an export folder once its trace is converted (or dropped)."""
+    with _lock:
+        _live.discard(folder)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _process_gone(pid: int) -> bool:

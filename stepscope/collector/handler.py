@@ -2,9 +2,19 @@
 
 Used directly by code that owns its ``torch.profiler.profile``
 (``on_trace_ready=stepscope.trace_handler(store=..., run=...)``) and by ``stepscope.profile``.
-On the training thread it only takes what must be taken now (the finished Kineto result, the
-addresses of parameters/gradients/optimizer state, the CUDA memory snapshot); exporting,
-converting and writing happen in the background writer.
+On the training thread it takes what must be taken now (the finished Kineto result, the
+addresses of parameters/gradients/optimizer state, the CUDA memory snapshot) and exports the
+Kineto JSON; converting and writing happen in the background writer, the conversion in a niced
+child process.
+
+Why the export is not in the writer thread: Kineto's ``save`` holds the interpreter lock for
+the whole export, so in another thread it stops the training thread just the same, only in the
+middle of the next step and for longer (measured on the CPU example: 35-40 ms of export CPU
+stopped the training thread for 80-140 ms at a time, and the first step after the window took
+2.2x its neighbours; exporting from a forked child instead cost the training thread 1.6x its CPU
+time in copy-on-write faults). Here it is paid once, inside the ``prof.step()`` that ends the
+window, right after torch's own stop of the profiler, and the step timer marks that step as
+disturbed by the collector (``step_times.disturbed_by``).
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from stepscope.collector.faults import FaultPolicy
 from stepscope.collector.memory_roles import RoleRecorder, RoleRow, roles_table
 from stepscope.collector.memory_snapshot import SnapshotRecorder, snapshot_table
 from stepscope.collector.metadata import run_metadata
-from stepscope.collector.sink import CONVERT_MODES, StoreSink
+from stepscope.collector.sink import CONVERT_MODES, Exported, StoreSink
 from stepscope.collector.worker import DEFAULT_FLUSH_TIMEOUT_S, BackgroundWriter
 from stepscope.errors import UsageError
 from stepscope.store.location import store_location
@@ -133,15 +143,21 @@ class TraceHandler:
             snapshot = self.snapshots.take()
             if self.rearm_history:
                 self.snapshots.start()
-        self.writer.submit(
-            f"writing trace {cycle} of run {sink.run_name!r} (rank {sink.rank})",
-            lambda: self._write(sink, results, cycle, roles, snapshot, tables),
-        )
+        what = f"writing trace {cycle} of run {sink.run_name!r} (rank {sink.rank})"
+        try:
+            exported = sink.export_trace(lambda path: save_plain(results, path), cycle)
+        except Exception as exc:  # noqa: BLE001 - never hurt the job
+            # Like a failed write: dropped, and in strict mode raised when the profile closes.
+            self.policy.failed(what, exc)
+            return
+        if not self.writer.submit(what, lambda: self._write(sink, exported, roles, snapshot,
+                                                            tables)):
+            exported.discard()
 
-    def _write(self, sink: StoreSink, results: Any, cycle: int, roles: list[RoleRow],
+    def _write(self, sink: StoreSink, exported: Exported, roles: list[RoleRow],
                snapshot: dict[str, Any] | None,
                tables: list[tuple[str, Callable[[str], pa.Table]]]) -> None:
-        source = sink.store_trace(lambda path: save_plain(results, path), cycle)
+        source = sink.convert_trace(exported, self.writer.elsewhere)
         with self._lock:
             self._sources.append(source)
         if roles:

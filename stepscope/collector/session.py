@@ -23,7 +23,7 @@ from stepscope.collector.options import PROFILING, RECORDING, Recording, Schedul
 from stepscope.collector.step_timer import StepTimer
 from stepscope.collector.watch import Watch, watch_options
 from stepscope.collector.watcher import Watcher, start_watch
-from stepscope.collector.worker import DEFAULT_FLUSH_TIMEOUT_S
+from stepscope.collector.worker import DEFAULT_FLUSH_TIMEOUT_S, ELSEWHERE, HERE
 from stepscope.store import trace_metadata
 
 log = logging.getLogger("stepscope.collector")
@@ -79,6 +79,11 @@ class Profile:
                                     convert=convert,
                                     flush_timeout_s=flush_timeout_s)
         self.timer = StepTimer()
+        self._activity = self.handler.writer.activity()
+        self._boundary: str | None = None
+        """What stepscope did in the step now running (``step_times.disturbed_by``): the
+        ``profiler`` records it, or was stopped and its trace exported at its start; the watch's
+        ``exchange`` ran at its start."""
         self._step_times_every_ns = int(step_times_every_s * 1e9)
         self._step_times_due_ns: int | None = None
         self.step_num = 0
@@ -168,10 +173,14 @@ class Profile:
         step = self.step_num
         action = self._actions(step)
         recording = action in RECORDING
-        self.timer.end_step(step, recording, tokens, samples)
+        activity = self.handler.writer.activity()
+        during, self._activity = self._activity.during(activity), activity
+        self.timer.end_step(step, recording, tokens, samples, self._disturbed_by(during))
+        self._boundary = None
         self.step_num = step + 1
-        if self.watcher is not None:
-            self.watcher.after_step(step, action, self.timer.last_ns)
+        if self.watcher is not None and self.watcher.after_step(step, action, self.timer.last_ns,
+                                                                during):
+            self._boundary = "exchange"
         due = self._step_times_due_ns
         if due is not None and (self.timer.last_ns or 0) >= due:
             with self.policy.guard("queueing the step times"):
@@ -181,6 +190,9 @@ class Profile:
             prof = self._open_for_capture(step)
         if prof is None:
             return
+        if action in PROFILING or self._actions(step + 1) in PROFILING:
+            # The next step runs under the profiler, or pays for its stop and the export.
+            self._boundary = "profiler"
         try:
             if recording and self.handler.roles.enabled:
                 self.handler.note_gradients(step)
@@ -188,7 +200,8 @@ class Profile:
                 self.handler.start_memory_history()
             prof.step()
             if action is ProfilerAction.RECORD_AND_SAVE:
-                # The trace was just handed to the writer; the step times follow it in the queue.
+                # The trace was just exported and handed to the writer; the step times follow
+                # it in the queue.
                 self._submit_step_times()
             if step >= self.schedule.last_step and not (self._captures is not None
                                                         and self._captures.busy(step)):
@@ -196,6 +209,16 @@ class Profile:
                 prof.__exit__(None, None, None)
         except Exception as exc:  # noqa: BLE001 - never hurt the job
             self._give_up("a profiler step", exc)
+
+    def _disturbed_by(self, during: frozenset[str]) -> str | None:
+        """What the collector did during the step that just ended, for ``step_times``: its own
+        work at the step's start, else the background writer's in this process, else the
+        conversion child's (which competes only for cores)."""
+        if self._boundary is not None:
+            return self._boundary
+        if HERE in during:
+            return "writer"
+        return "conversion" if ELSEWHERE in during else None
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

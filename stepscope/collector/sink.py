@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -26,6 +27,22 @@ from stepscope.store.location import is_url
 CONVERT_MODES = ("process", "thread")
 
 log = logging.getLogger("stepscope.collector")
+
+
+@dataclass(frozen=True)
+class Exported:
+    """A trace exported as ``plain`` JSON, to become ``target`` (gzipped); ``folder`` is the
+    temporary export folder holding it (None when kept in ``trace_dir``)."""
+
+    plain: Path
+    target: Path
+    folder: Path | None
+
+    def discard(self) -> None:
+        """Remove what the export left: the plain file, and its temporary folder."""
+        self.plain.unlink(missing_ok=True)
+        if self.folder is not None:
+            exports.remove_export_folder(self.folder)
 
 
 @dataclass(frozen=True)
@@ -63,16 +80,36 @@ class StoreSink:
         suffix = "" if cycle == 0 else f".cycle{cycle}"
         return f"rank{self.rank}{suffix}.pt.trace.json.gz"
 
-    def store_trace(self, export: Callable[[Path], object], cycle: int) -> str:
-        """Export a trace as plain JSON with ``export(path)``, then compress and ingest it.
-
-        Returns the trace's ``source`` id.
-        """
+    def export_trace(self, export: Callable[[Path], object], cycle: int) -> Exported:
+        """Export a trace as plain JSON with ``export(path)``, now (on the training thread: see
+        ``handler``), for ``convert_trace`` to compress and ingest later."""
+        folder = None
         if self.trace_dir is not None:
             self.trace_dir.mkdir(parents=True, exist_ok=True)
-            return self._convert(export, self.trace_dir / self.trace_name(cycle))
-        with exports.export_folder(self._exports_in()) as tmp:
-            return self._convert(export, tmp / self.trace_name(cycle))
+            target = self.trace_dir / self.trace_name(cycle)
+        else:
+            folder = exports.make_export_folder(self._exports_in())
+            target = folder / self.trace_name(cycle)
+        exported = Exported(target.with_name(target.name + ".export.json"), target, folder)
+        started = time.perf_counter()
+        try:
+            export(exported.plain)
+        except BaseException:
+            exported.discard()
+            raise
+        log.debug("stepscope: Kineto export of %s took %.3f s (%d bytes)", target.name,
+                  time.perf_counter() - started, exported.plain.stat().st_size)
+        return exported
+
+    def convert_trace(self, exported: Exported,
+                      elsewhere: Callable[[], AbstractContextManager[None]] = nullcontext
+                      ) -> str:
+        """Compress and ingest an exported trace (in the writer thread); returns its ``source``
+        id. ``elsewhere()`` brackets the wait for the conversion child (``BackgroundWriter``)."""
+        try:
+            return self._convert(exported, elsewhere)
+        finally:
+            exported.discard()
 
     def _exports_in(self) -> Path:
         """Where traces are exported before their conversion: the store's folder, or this
@@ -89,26 +126,21 @@ class StoreSink:
         """Write one of the collector's tables as the part of trace ``source`` (in its run)."""
         return write_partition(self.store, table, self.placed.get(source, self.run), self.rank, source, data)
 
-    def _convert(self, export: Callable[[Path], object], target: Path) -> str:
-        plain = target.with_name(target.name + ".export.json")
-        started = time.perf_counter()
-        export(plain)
-        log.debug("stepscope: Kineto export of %s took %.3f s (%d bytes)", target.name,
-                  time.perf_counter() - started, plain.stat().st_size)
-        job = {"plain": str(plain), "target": str(target), "store": str(self.store),
-               "run_name": self.run_name, "rank": self.rank, "rank_from": self.rank_from,
-               "metadata": self.metadata, "tags": self.tags}
+    def _convert(self, exported: Exported,
+                 elsewhere: Callable[[], AbstractContextManager[None]]) -> str:
+        job = {"plain": str(exported.plain), "target": str(exported.target),
+               "store": str(self.store), "run_name": self.run_name, "rank": self.rank,
+               "rank_from": self.rank_from, "metadata": self.metadata, "tags": self.tags}
         if self.convert == "thread":
             return self._placed(convert_job.convert(job))
-        try:
+        with elsewhere():
             done = subprocess.run([sys.executable, "-m", convert_job.__name__],
                                   input=json.dumps(job), capture_output=True, text=True,
                                   timeout=self.convert_timeout_s, check=False,
                                   env=_child_environment())
-        finally:
-            plain.unlink(missing_ok=True)
         if done.returncode != 0:
-            convert_job.raise_failure(done.stdout, done.stderr, done.returncode, target.name)
+            convert_job.raise_failure(done.stdout, done.stderr, done.returncode,
+                                      exported.target.name)
         return self._placed(json.loads(done.stdout))
 
     def _placed(self, result: dict[str, Any]) -> str:

@@ -23,6 +23,10 @@ from stepscope.store.schema import STEP_TIMES
 _MISSING = -1
 """Internal placeholder in the typed arrays; becomes null in the table (never stored)."""
 
+DISTURBANCES = ("profiler", "exchange", "writer", "conversion")
+"""Values of ``step_times.disturbed_by``: what the collector itself did during a step that may
+have slowed it (docs/STORE.md); stored here as 1 + their index, 0 for none."""
+
 
 class StepTimer:
     """Times the steps between calls to ``begin()`` and successive ``end_step()`` calls."""
@@ -39,6 +43,7 @@ class StepTimer:
         self._profiled = array("b")
         self._tokens = array("q")
         self._samples = array("q")
+        self._disturbed = array("b")
         self._t0: int | None = None
         self._event: torch.cuda.Event | None = None
         self._pending: deque[tuple[int, torch.cuda.Event, torch.cuda.Event]] = deque()
@@ -50,8 +55,9 @@ class StepTimer:
             self._event = self._record_event()
 
     def end_step(self, step: int, profiled: bool, tokens: int | None = None,
-                 samples: int | None = None) -> None:
-        """Close step ``step`` and start the next one."""
+                 samples: int | None = None, disturbed_by: str | None = None) -> None:
+        """Close step ``step`` and start the next one (``disturbed_by``: one of
+        ``DISTURBANCES``, or None)."""
         now = time.perf_counter_ns()
         if self._t0 is None:
             self._t0 = now
@@ -63,6 +69,7 @@ class StepTimer:
         self._profiled.append(1 if profiled else 0)
         self._tokens.append(_MISSING if tokens is None else int(tokens))
         self._samples.append(_MISSING if samples is None else int(samples))
+        self._disturbed.append(0 if disturbed_by is None else DISTURBANCES.index(disturbed_by) + 1)
         self._t0 = now
         if self.use_cuda and self._event is not None:
             end = self._record_event()
@@ -87,7 +94,7 @@ class StepTimer:
         self._resolve(block=wait_for_gpu)
         return StepRows(*(array(a.typecode, a) for a in (
             self._step, self._start, self._wall, self._gpu, self._profiled, self._tokens,
-            self._samples)))
+            self._samples, self._disturbed)))
 
     def _record_event(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
@@ -117,6 +124,7 @@ class StepRows:
     profiled: array
     tokens: array
     samples: array
+    disturbed: array
 
     def __len__(self) -> int:
         return len(self.step)
@@ -133,6 +141,8 @@ class StepRows:
                 "profiled": pa.array([bool(v) for v in self.profiled], pa.bool_()),
                 "tokens": _nullable(self.tokens),
                 "samples": _nullable(self.samples),
+                "disturbed_by": pa.array([DISTURBANCES[v - 1] if v else None
+                                          for v in self.disturbed], pa.string()),
             }
         ).cast(STEP_TIMES)
 

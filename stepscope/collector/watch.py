@@ -7,7 +7,10 @@ unit-tested without a process group. Two triggers (docs/WATCH.md):
 - ``slow_step``: on one rank, a step slower than ``slow_factor`` times the rolling median of that
   rank's recent steps, and by at least ``min_slow_ms``, once ``warmup_steps`` have passed;
 - ``straggler``: at an exchange, a rank whose median step since the previous exchange is slower
-  than ``slow_factor`` times the median of the other ranks' (and by ``min_slow_ms``).
+  than ``slow_factor`` times the median of the other ranks' (and by ``min_slow_ms``);
+- ``slow_vs_ranks``: a step that ran while this rank's trace was being converted (in a child
+  process, which competes for cores and so disturbs the rolling median's basis), slow at the
+  exchange against the other ranks' times of the same step.
 
 Every rank applies :func:`agree` to the same gathered reports, so every rank reaches the same
 decision without another round trip.
@@ -15,6 +18,7 @@ decision without another round trip.
 
 from __future__ import annotations
 
+import statistics
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
@@ -27,12 +31,19 @@ TRIGGER_KINDS = {
                  "median {reference:.1f} ms)",
     "straggler": "rank {rank} straggling at step {step} (median step {observed:.1f} ms, "
                  "{ratio:.1f}x the other ranks' median {reference:.1f} ms)",
+    "slow_vs_ranks": "slow step {step} on rank {rank} while its trace was converted "
+                     "({observed:.1f} ms, {ratio:.1f}x the {reference:.1f} ms the other ranks' "
+                     "times of that step predict)",
 }
 """Values of ``captures.trigger_kind``, with how a log line describes each."""
 _KIND_CODES = tuple(TRIGGER_KINDS)
 
 MIN_HISTORY = 5
 """Steps in the rolling median before a step is judged against it."""
+
+MAX_STEP_HISTORY = 256
+"""At most this many steps before an exchange have their times in its row (``every`` of them
+when ``every`` is smaller): the other ranks' basis for ``slow_vs_ranks``."""
 
 BLOCKED_RATE = 1
 BLOCKED_DISK = 2
@@ -84,6 +95,11 @@ class Watch:
         for ok, message in checks:
             if not ok:
                 raise UsageError(f"stepscope.Watch: {message}")
+
+    @property
+    def step_history(self) -> int:
+        """Steps before an exchange whose times each rank sends with it."""
+        return min(self.every, MAX_STEP_HISTORY)
 
     @property
     def min_slow_ns(self) -> int:
@@ -185,34 +201,63 @@ class StepDetector:
 
 
 @dataclass(frozen=True)
+class StepTime:
+    """One step's work time as a rank sends it: ``converting`` when the step ran while the rank's
+    trace was converted, so that the other ranks' times judge it (``cross_rank_triggers``)."""
+
+    work_ns: int
+    converting: bool = False
+
+
+@dataclass(frozen=True)
 class RankReport:
-    """What one rank contributes to an exchange: a fixed-size row of int64 (``encode``)."""
+    """What one rank contributes to an exchange: a fixed-size row of int64 (``encode``).
+
+    ``history``: the work times of the ``Watch.step_history`` steps up to ``step``, oldest
+    first (None for a step without one: profiled, or not timed)."""
 
     rank: int
     step: int
     trigger: Trigger | None
     recent_ns: int | None
     blocked: int
+    history: tuple[StepTime | None, ...] = ()
 
     _NONE = -1
-    """Placeholder for a missing value inside the exchanged row only (never stored)."""
+    """Placeholder for a missing value inside the exchanged row only (never stored); a converting
+    step's time ``t`` travels as ``-2 - t``."""
 
     def encode(self) -> list[int]:
         t = self.trigger
         kind = 0 if t is None else _KIND_CODES.index(t.kind) + 1
         return [self.step, kind, t.step if t else self._NONE, t.observed_ns if t else self._NONE,
                 t.reference_ns if t else self._NONE,
-                self._NONE if self.recent_ns is None else self.recent_ns, self.blocked]
+                self._NONE if self.recent_ns is None else self.recent_ns, self.blocked,
+                *(self._NONE if h is None else -2 - h.work_ns if h.converting else h.work_ns
+                  for h in self.history)]
 
     @classmethod
     def decode(cls, rank: int, row: Sequence[int]) -> RankReport:
-        step, kind, t_step, observed, reference, recent, blocked = (int(v) for v in row)
+        step, kind, t_step, observed, reference, recent, blocked = (int(v) for v in row[:_FIXED])
         trigger = (None if kind == 0 else
                    Trigger(_KIND_CODES[kind - 1], rank, t_step, observed, reference))
-        return cls(rank, step, trigger, None if recent == cls._NONE else recent, blocked)
+        history = tuple(None if v == cls._NONE else StepTime(-2 - v, True) if v < 0
+                        else StepTime(v) for v in (int(x) for x in row[_FIXED:]))
+        return cls(rank, step, trigger, None if recent == cls._NONE else recent, blocked, history)
+
+    def step_time(self, step: int) -> StepTime | None:
+        """This rank's time of ``step``, when it is in ``history``."""
+        index = step - (self.step - len(self.history) + 1)
+        return self.history[index] if 0 <= index < len(self.history) else None
 
 
-ROW_LENGTH = len(RankReport(0, 0, None, None, 0).encode())
+_FIXED = 7
+"""Values of a row before its step history."""
+
+
+def row_length(options: Watch) -> int:
+    """The exchanged row's length: the fixed values and ``options.step_history`` step times."""
+    return _FIXED + options.step_history
 
 
 @dataclass(frozen=True)
@@ -258,6 +303,39 @@ def _median_without(values: Sequence[int], index: int) -> int:
     return at(mid) if m % 2 else (at(mid - 1) + at(mid)) // 2
 
 
+def cross_rank_triggers(reports: Sequence[RankReport], options: Watch) -> list[Trigger]:
+    """Steps that ran while their rank's trace was being converted, judged against the other
+    ranks' times of the same step: the basis a conversion (or a loaded machine, which slows
+    every rank of a synchronous job alike) does not disturb.
+
+    A rank's step is slow when it exceeds ``slow_factor`` x its reference, and by
+    ``min_slow_ms``: the median of the other ranks' times of that step, scaled by how this rank
+    usually compares with them (the median ratio over the steps of the exchange, so that a rank
+    that is always slower, a pipeline stage, is not slow for that). In a synchronous job a rank
+    that stalls after its collectives is slow at that step and the others wait for it in the
+    next one, so the earliest trigger still names the rank where it began.
+    """
+    found = []
+    for report in reports:
+        first = report.step - len(report.history) + 1
+        against: list[tuple[int, StepTime, int]] = []
+        for index, mine in enumerate(report.history):
+            others = sorted(t.work_ns for other in reports if other.rank != report.rank
+                            if (t := other.step_time(first + index)) is not None)
+            reference = _median_of_sorted(others)
+            if mine is not None and reference:
+                against.append((first + index, mine, reference))
+        if len(against) <= MIN_HISTORY:
+            continue
+        usual = statistics.median(mine.work_ns / reference for _, mine, reference in against)
+        for step, mine, reference in against:
+            expected = round(usual * reference)
+            if mine.converting and step >= options.warmup_steps and \
+                    options.is_slow(mine.work_ns, expected):
+                found.append(Trigger("slow_vs_ranks", report.rank, step, mine.work_ns, expected))
+    return found
+
+
 def agree(reports: Sequence[RankReport], options: Watch) -> Decision:
     """The decision every rank takes from the same gathered reports.
 
@@ -268,6 +346,7 @@ def agree(reports: Sequence[RankReport], options: Watch) -> Decision:
     """
     candidates = [r.trigger for r in reports if r.trigger is not None]
     candidates += straggler_triggers(reports, options)
+    candidates += cross_rank_triggers(reports, options)
     blocked = 0
     for report in reports:
         blocked |= report.blocked

@@ -3,15 +3,19 @@
 ``stepscope.profile`` calls :meth:`Watcher.after_step` at every step boundary on the training
 thread, before torch's profiler hears of it, so that a window agreed at the end of step E starts
 at step E+1. Outside captures it costs a few comparisons and a rolling-median update per step,
-and every ``every`` steps one all-gather of seven int64 per rank (docs/WATCH.md).
+and every ``every`` steps one all-gather of a row of int64 per rank: seven values and the
+recent steps' times (docs/WATCH.md).
 
 What is judged is the user's own work: the time from the return of one ``prof.step()`` to the
 next call, so stepscope's own time at the boundary (the exchange, where a rank may wait for a
-slower one; starting and stopping the profiler) never counts. Steps stepscope disturbs are not
-judged at all: profiled steps (profiling slows them by design) and steps during which the
-background writer had work (exporting a trace competes for the interpreter, and converting it,
-even in a niced child, measurably slowed the steps of a CPU-bound job: 2-4x for the second or
-so it took on 2 cores). Otherwise a capture would slow the steps after it and trigger the next.
+slower one; starting and stopping the profiler, exporting a trace) never counts. Steps that
+stepscope disturbs are not judged against the rank's own rolling median, or a capture would slow
+the steps after it and trigger the next: profiled steps (profiling slows them by design) are not
+judged at all, nor are steps during which the background writer worked in this process (it
+competes for the interpreter; a short while after each trace). Steps during which the niced
+child process converted a trace (seconds, even minutes for a large trace) are judged on another
+basis: at the exchange, against the other ranks' times of the same step
+(``watch.cross_rank_triggers``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import Counter
+from collections import Counter, deque
 
 from torch.profiler import ProfilerAction
 
@@ -37,14 +41,16 @@ from stepscope.collector.watch import (
     BLOCKED_DISK,
     BLOCKED_PROFILER,
     BLOCKED_RATE,
-    ROW_LENGTH,
     Decision,
     RankReport,
     StepDetector,
+    StepTime,
     Trigger,
     Watch,
     agree,
+    row_length,
 )
+from stepscope.collector.worker import ELSEWHERE, HERE
 
 log = logging.getLogger("stepscope.collector")
 
@@ -55,7 +61,7 @@ class Watcher:
     """One rank's watch. ``anomalies`` counts agreed triggers, ``captures`` lists the windows
     opened for them, ``not_captured`` counts the rest by reason (``budget``, ``disk``,
     ``capturing``: a capture was already under way, ``profiler off``); ``enabled`` turns False
-    for good when an exchange fails."""
+    for good when an exchange fails; ``blind_ns`` sums the steps it could not judge at all."""
 
     def __init__(self, options: Watch, schedule: CaptureSchedule, handler: TraceHandler,
                  exchange: Exchange, disk: DiskBudget, policy: FaultPolicy,
@@ -66,6 +72,8 @@ class Watcher:
         self.anomalies = 0
         self.captures: list[CaptureWindow] = []
         self.not_captured: Counter[str] = Counter()
+        self.blind_ns = 0
+        """Work time of the idle steps judged on no basis (the writer worked in this process)."""
         self._handler = handler
         self._exchange = exchange
         self._disk = disk
@@ -77,7 +85,7 @@ class Watcher:
         self._pending: Trigger | None = None
         self._due = False
         self._resumed_ns: int | None = None
-        self._writer_seen: tuple[int, bool] = (handler.writer.submitted, handler.writer.busy)
+        self._history: deque[tuple[int, StepTime | None]] = deque(maxlen=options.step_history)
 
     @property
     def rank(self) -> int:
@@ -87,25 +95,29 @@ class Watcher:
         """The training loop resumes: its next step's work starts now."""
         self._resumed_ns = time.perf_counter_ns()
 
-    def after_step(self, step: int, action: ProfilerAction, end_ns: int | None) -> None:
-        """Step ``step``, run under ``action``, ended at ``end_ns`` (``perf_counter_ns``)."""
+    def after_step(self, step: int, action: ProfilerAction, end_ns: int | None,
+                   during: frozenset[str] = frozenset()) -> bool:
+        """Step ``step``, run under ``action``, ended at ``end_ns`` (``perf_counter_ns``) while
+        the background writer did ``during`` (``worker.HERE``, ``ELSEWHERE``). True when the
+        ranks exchanged at its end."""
         try:
             if action is ProfilerAction.RECORD_AND_SAVE:
                 self._label_capture(step)
             if self.enabled:
-                self._watch(step, action, end_ns)
+                return self._watch(step, action, end_ns, during)
         except Exception as exc:  # noqa: BLE001 - never hurt the job
             self.enabled = False
             self._policy.failed(f"watching step {step}", exc)
             if self._policy.strict:
                 self._policy.raise_pending()
+        return False
 
-    def _watch(self, step: int, action: ProfilerAction, end_ns: int | None) -> None:
-        quiet = self._writer_quiet()
-        if action is _IDLE and quiet and end_ns is not None and self._resumed_ns is not None:
-            trigger = self._detector.observe(step, end_ns - self._resumed_ns)
-            if trigger is not None and self._pending is None:
-                self._pending = trigger
+    def _watch(self, step: int, action: ProfilerAction, end_ns: int | None,
+               during: frozenset[str]) -> bool:
+        timed: StepTime | None = None
+        if action is _IDLE and end_ns is not None and self._resumed_ns is not None:
+            timed = self._judge(step, end_ns - self._resumed_ns, during)
+        self._history.append((step, timed))
         if self._solo:
             self._due = self._pending is not None
         elif (step + 1) % self.options.every == 0:
@@ -113,28 +125,42 @@ class Watcher:
         # An exchange never runs inside a profiled step (it would appear in the trace); one
         # that falls due there waits for the first idle step, on every rank alike.
         if self._due and action is _IDLE:
-            self._exchange_at(step)
+            return self._exchange_at(step)
+        return False
 
-    def _writer_quiet(self) -> bool:
-        """The background writer had nothing to do during the step that just ended: idle at
-        both ends, and no job queued in between (jobs are queued at step boundaries)."""
-        writer = self._handler.writer
-        now = (writer.submitted, writer.busy)
-        (submitted, was_busy), self._writer_seen = self._writer_seen, now
-        return not was_busy and not now[1] and now[0] == submitted
+    def _judge(self, step: int, work_ns: int, during: frozenset[str]) -> StepTime:
+        """Judge one idle step on the basis its disturbance leaves (see the module's doc)."""
+        if HERE in during:
+            self.blind_ns += work_ns
+            return StepTime(work_ns)
+        if ELSEWHERE in during:
+            return StepTime(work_ns, converting=True)
+        trigger = self._detector.observe(step, work_ns)
+        if trigger is not None and self._pending is None:
+            self._pending = trigger
+        return StepTime(work_ns)
 
-    def _exchange_at(self, step: int) -> None:
+    def _step_history(self, step: int) -> tuple[StepTime | None, ...]:
+        """The times of the ``step_history`` steps up to ``step`` (None where not timed), and
+        forget them: each is sent once."""
+        times = dict(self._history)
+        self._history.clear()
+        first = step - self.options.step_history + 1
+        return tuple(times.get(s) for s in range(first, step + 1))
+
+    def _exchange_at(self, step: int) -> bool:
         report = RankReport(self.rank, step, self._pending, self._detector.take_recent(),
-                            self._blocked())
+                            self._blocked(), self._step_history(step))
         try:
             rows = self._exchange.all_gather(report.encode())
         except Exception as exc:  # noqa: BLE001 - a peer died or hung: the watch stops, not the job
             self._disable(step, exc)
-            return
+            return True
         self._pending = None
         self._due = False
         self._act(step, agree([RankReport.decode(rank, row) for rank, row in enumerate(rows)],
                               self.options))
+        return True
 
     def _blocked(self) -> int:
         bits = 0 if self._profiler_ok else BLOCKED_PROFILER
@@ -200,7 +226,7 @@ def start_watch(options: Watch, schedule: CaptureSchedule, handler: TraceHandler
     sink = handler.sink
     rank = sink.rank if sink is not None else 0
     try:
-        exchange = open_exchange(ROW_LENGTH, options.timeout_s, rank)
+        exchange = open_exchange(row_length(options), options.timeout_s, rank)
     except Exception as exc:  # noqa: BLE001 - never hurt the job
         log.warning("stepscope: the watch is off: creating its gloo group failed (%s: %s); "
                     "training continues", type(exc).__name__, exc)

@@ -10,12 +10,13 @@ a profiler must never keep a finished job from exiting.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from stepscope.collector.faults import FaultPolicy
@@ -24,6 +25,34 @@ log = logging.getLogger("stepscope.collector")
 
 DEFAULT_QUEUE_SIZE = 8
 DEFAULT_FLUSH_TIMEOUT_S = 120.0
+
+
+IDLE, HERE, ELSEWHERE = "idle", "here", "elsewhere"
+"""What the writer is doing: nothing, work in this process (it competes with training for the
+interpreter), or waiting while another process (the niced conversion child) works."""
+
+
+@dataclass(frozen=True)
+class Activity:
+    """The writer's state at one moment: jobs queued so far, how often it entered each kind of
+    work, and what it is doing now. Two of them bracket a training step (``during``)."""
+
+    submitted: int
+    here: int
+    elsewhere: int
+    phase: str
+
+    def during(self, later: Activity) -> frozenset[str]:
+        """Which kinds of work (``HERE``, ``ELSEWHERE``) ran at some point between this moment
+        and ``later``: running at either end, or entered in between (a job queued meanwhile
+        starts in this process)."""
+        kinds = set()
+        if HERE in (self.phase, later.phase) or later.here > self.here or \
+                later.submitted > self.submitted:
+            kinds.add(HERE)
+        if ELSEWHERE in (self.phase, later.phase) or later.elsewhere > self.elsewhere:
+            kinds.add(ELSEWHERE)
+        return frozenset(kinds)
 
 
 @dataclass(frozen=True)
@@ -44,7 +73,10 @@ class BackgroundWriter:
         self._thread.start()
         self._closed = False
         self.submitted = 0
-        """Jobs queued so far (with ``busy``, tells whether the writer worked during a step)."""
+        """Jobs queued so far."""
+        self._state = threading.Lock()
+        self._phase = IDLE
+        self._entered = {HERE: 0, ELSEWHERE: 0}
         # An interpreter exiting without close() (an exception escaping the with-block is
         # handled by close(); os._exit is not) still gets its bounded flush.
         self._atexit = _close_at_exit(weakref.ref(self))
@@ -64,10 +96,27 @@ class BackgroundWriter:
             return False
         return True
 
-    @property
-    def busy(self) -> bool:
-        """Jobs are queued or running."""
-        return self._queue.unfinished_tasks > 0
+    def activity(self) -> Activity:
+        """What the writer is doing now, and has done so far (cheap: one uncontended lock)."""
+        with self._state:
+            return Activity(self.submitted, self._entered[HERE], self._entered[ELSEWHERE],
+                            self._phase)
+
+    def _enter(self, phase: str) -> None:
+        with self._state:
+            self._phase = phase
+            if phase != IDLE:
+                self._entered[phase] += 1
+
+    @contextlib.contextmanager
+    def elsewhere(self) -> Iterator[None]:
+        """Around the part of a job that only waits for another process (the conversion child),
+        so that the steps meanwhile are known to compete only with that process."""
+        self._enter(ELSEWHERE)
+        try:
+            yield
+        finally:
+            self._enter(HERE)
 
     def flush(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every queued job to finish; True when all did."""
@@ -102,6 +151,7 @@ class BackgroundWriter:
                 if job is None:
                     return
                 started = time.perf_counter()
+                self._enter(HERE)
                 try:
                     job.run()
                 except Exception as exc:  # noqa: BLE001 - a failed job must not kill the thread
@@ -109,6 +159,7 @@ class BackgroundWriter:
                 else:
                     log.debug("stepscope: %s took %.3f s", job.what, time.perf_counter() - started)
             finally:
+                self._enter(IDLE)
                 self._queue.task_done()
 
 

@@ -130,6 +130,7 @@ STEP_TIMES = pa.schema(
         pa.field("profiled", pa.bool_()),
         pa.field("tokens", pa.int64()),
         pa.field("samples", pa.int64()),
+        pa.field("disturbed_by", _STR),
     ]
 )
 
