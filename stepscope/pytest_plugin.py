@@ -13,9 +13,18 @@ the test when they break a budget against a baseline, like pytest-memray's ``lim
   folder serves every test, parametrised ones included: each test compares with its own run.
 - ``baseline`` is a store folder, relative to the rootdir; ``DIR::NAME`` compares with baseline
   name ``NAME`` of that store (``baselines.json``) instead of the test's own run.
-- ``pytest --stepscope-save-baseline`` stores each test's run in its baseline folder (replacing
-  the previous one) instead of judging it; a test whose profile recorded nothing fails, and so
-  does a session that saved no run at all.
+- ``pytest --stepscope-save-baseline`` runs each test ``baseline_runs`` times (default 3) and
+  stores the runs in its baseline folder (replacing the previous ones; ``baselines.json`` names
+  them after the test's run) instead of judging: the spread between them is the run-to-run noise a
+  change must exceed. A test whose profile recorded nothing fails, and so does a session that
+  saved no run at all.
+- When a judged change is in the grey zone (within the noise of its budget), the test body runs
+  again, up to ``reruns`` more times (default 2, ``--stepscope-reruns``), and the candidate's runs
+  are judged together, as benchmark harnesses re-run a close result; still grey: the test fails
+  as inconclusive.
+- While the body runs torch is pinned to ``threads`` intra-op threads (default 1, restored
+  afterwards): a pool sized to a shared machine's cores makes CPU step times swing more than any
+  budget (docs/ci.md).
 - Without a baseline (no folder, or no run for this test) the test is skipped before its body
   runs, with the reason.
 - ``budget`` replaces the default budgets (``step_time:+10%``, ``peak_memory:+10%``) and the
@@ -37,6 +46,11 @@ from typing import Any
 import pytest
 
 SAVE_OPTION = "--stepscope-save-baseline"
+RERUNS_OPTION = "--stepscope-reruns"
+BASELINE_RUNS_OPTION = "--stepscope-baseline-runs"
+DEFAULT_RERUNS = 2
+"""Extra runs of a test whose result is in the grey zone: with the first, three candidate runs,
+as many as a baseline keeps."""
 _GATE = pytest.StashKey["_Gate"]()
 _SAVED = pytest.StashKey[list[str]]()
 
@@ -45,13 +59,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("stepscope")
     group.addoption("--stepscope-store", default=None, help="store for the profiled runs (default: tmp_path)")
     group.addoption(SAVE_OPTION, action="store_true", default=False,
-                    help="store each profiled run in its marker's baseline folder instead of judging it")
+                    help="store each profiled test's runs in its marker's baseline folder instead of judging them")
+    group.addoption(RERUNS_OPTION, type=int, default=None, metavar="N",
+                    help=f"re-run a test whose result is in the grey zone up to N times (default {DEFAULT_RERUNS}; "
+                         "the marker's reruns= wins)")
+    group.addoption(BASELINE_RUNS_OPTION, type=int, default=None, metavar="N",
+                    help="runs of each test that --stepscope-save-baseline stores (default 3; the marker's "
+                         "baseline_runs= wins)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "stepscope(steps=5, warmup=1, budget=None, defaults=False, floor=None, "
-                                       "baseline=None): profile `steps` training steps with the stepscope_profile "
-                                       "fixture and fail on a budget against the test's run in the baseline store")
+                                       "baseline=None, reruns=2, baseline_runs=3, threads=1): profile `steps` training "
+                                       "steps with the stepscope_profile fixture and fail on a budget against the "
+                                       "test's runs in the baseline store")
     config.stash[_SAVED] = []
 
 
@@ -69,7 +90,7 @@ class _Baseline:
         return cls(path if path.is_absolute() else Path(config.rootpath) / path, name if sep else None)
 
     def run_for(self, own_run: str) -> str | None:
-        """The baseline run this test compares with, or None when there is none yet."""
+        """The (newest) baseline run this test compares with, or None when there is none yet."""
         from stepscope.store.baselines import baseline_run
         from stepscope.store.runs import stored_runs
 
@@ -77,6 +98,12 @@ class _Baseline:
             return None
         run = baseline_run(self.folder, self.name) if self.name else own_run
         return run if run in stored_runs(self.folder) else None
+
+    def spec(self, own_run: str) -> str:
+        """What ``compare`` reads as every run of this test's baseline: ``DIR::NAME``, where
+        NAME is the marker's baseline name or the test's run (its entry in ``baselines.json``
+        lists the saved runs; a folder saved before that holds the run alone)."""
+        return f"{self.folder}::{self.name or own_run}"
 
 
 @dataclass
@@ -89,11 +116,47 @@ class _Gate:
     baseline: _Baseline | None
     options: dict[str, Any]
     closed: bool = field(default=False)
+    runs: list[str] = field(default_factory=list)
+    """Every run of this test so far: the first, then each repeat."""
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
             self.profile.__exit__(None, None, None)
+
+    def start(self, run: str) -> Any:
+        """A fresh profile of run ``run`` (the marker's schedule), entered; it becomes current."""
+        import stepscope
+
+        steps, warmup = int(self.options.get("steps", 5)), int(self.options.get("warmup", 1))
+        # Converted on the writer thread: the trace is ready only after the last profiled step, so
+        # no timed step shares the GIL with it, and a test saves a child process per trace.
+        profile = stepscope.profile(store=self.store, run=run, wait=0, warmup=warmup, active=steps, convert="thread")
+        profile.total_steps = warmup + steps
+        self.profile, self.closed = profile, False
+        self.runs.append(run)
+        profile.__enter__()
+        return profile
+
+
+class _Pinned:
+    """torch's intra-op threads set to ``threads`` while a test body runs, then restored."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.before: int | None = None
+
+    def __enter__(self) -> None:
+        import torch
+
+        self.before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        if self.before is not None:
+            torch.set_num_threads(self.before)
 
 
 def _options(request: pytest.FixtureRequest) -> dict[str, Any]:
@@ -114,27 +177,21 @@ def stepscope_profile(request: pytest.FixtureRequest, tmp_path: Path) -> Generat
         what = f"baseline {baseline.name!r}" if baseline.name else f"baseline run {run!r}"
         pytest.skip(f"stepscope: no {what} in {baseline.folder} yet (record it with pytest {SAVE_OPTION})")
 
-    import stepscope
-
-    steps, warmup = int(options.get("steps", 5)), int(options.get("warmup", 1))
     root = request.config.getoption("--stepscope-store")
     store = Path(root) if root else tmp_path / "stepscope-store"
-    # Converted on the writer thread: the trace is ready only after the last profiled step, so
-    # no timed step shares the GIL with it, and a test saves a child process per trace.
-    profile = stepscope.profile(store=store, run=run, wait=0, warmup=warmup, active=steps, convert="thread")
-    profile.total_steps = warmup + steps
-    gate = _Gate(profile, store, run, baseline, options)
+    gate = _Gate(None, store, run, baseline, options, closed=True)
     request.node.stash[_GATE] = gate
-    profile.__enter__()
-    try:
-        yield profile
-    finally:
-        gate.close()
+    with _Pinned(int(options.get("threads", 1))):
+        profile = gate.start(run)
+        try:
+            yield profile
+        finally:
+            gate.close()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
-    """After the test body: save its run as the baseline, or judge it against the baseline."""
+    """After the test body: save its runs as the baseline, or judge it against the baseline."""
     try:
         result = yield
     finally:
@@ -143,27 +200,54 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
             gate.close()
     if gate is not None and gate.baseline is not None:
         if item.config.getoption(SAVE_OPTION):
-            _save(item.config, gate)
+            _save(item, gate)
         else:
-            _judge(gate)
+            _judge(item, gate)
     return result
 
 
-def _save(config: pytest.Config, gate: _Gate) -> None:
-    from stepscope.store.baselines import set_baseline
+def _setting(item: pytest.Item, gate: _Gate, key: str, option: str, default: int) -> int:
+    """The marker's ``key``, else the command line's ``option``, else ``default``."""
+    value = gate.options.get(key)
+    if value is None:
+        value = item.config.getoption(option)
+    return int(default if value is None else value)
+
+
+def _repeat(item: pytest.Item, gate: _Gate) -> str:
+    """Run the test body once more, into a run of its own (``<run>..run<N>``); returns its name.
+    The test's other fixtures are the first run's: as a benchmark harness repeats the timed code."""
+    run = f"{gate.run}..run{len(gate.runs) + 1}"
+    assert isinstance(item, pytest.Function)
+    with _Pinned(int(gate.options.get("threads", 1))):
+        item.funcargs["stepscope_profile"] = gate.start(run)
+        try:
+            item.runtest()
+        finally:
+            gate.close()
+    return run
+
+
+def _save(item: pytest.Item, gate: _Gate) -> None:
+    from stepscope.store.baselines import DEFAULT_KEEP, set_baseline
     from stepscope.store.runs import copy_run
 
     assert gate.baseline is not None
-    if not copy_run(gate.store, gate.baseline.folder, gate.run):
-        pytest.fail(f"stepscope: {SAVE_OPTION} wrote nothing for run {gate.run!r}: the profile recorded no trace "
-                    "(did the test call stepscope_profile.step() stepscope_profile.total_steps times?)",
-                    pytrace=False)
-    if gate.baseline.name:
-        set_baseline(gate.baseline.folder, gate.baseline.name, gate.run, reason="pytest --stepscope-save-baseline")
-    config.stash[_SAVED].append(gate.run)
+    count = max(1, _setting(item, gate, "baseline_runs", BASELINE_RUNS_OPTION, DEFAULT_KEEP))
+    while len(gate.runs) < count:
+        _repeat(item, gate)
+    for run in gate.runs:
+        if not copy_run(gate.store, gate.baseline.folder, run):
+            pytest.fail(f"stepscope: {SAVE_OPTION} wrote nothing for run {run!r}: the profile recorded no trace "
+                        "(did the test call stepscope_profile.step() stepscope_profile.total_steps times?)",
+                        pytrace=False)
+    name = gate.baseline.name or gate.run
+    for index, run in enumerate(gate.runs):
+        set_baseline(gate.baseline.folder, name, run, reason=f"pytest {SAVE_OPTION}", keep=count, append=index > 0)
+    item.config.stash[_SAVED].append(gate.run)
 
 
-def _judge(gate: _Gate) -> None:
+def _judge(item: pytest.Item, gate: _Gate) -> None:
     from stepscope.analysis.compare.budgets import budgets_from_mapping
     from stepscope.commands.compare import gate as compare_gate
     from stepscope.render.compare_text import render_text
@@ -172,12 +256,18 @@ def _judge(gate: _Gate) -> None:
     budget = gate.options.get("budget")
     marker_budgets = budgets_from_mapping(budget, "@pytest.mark.stepscope(budget=...)") if budget else []
     floors = budgets_from_mapping(gate.options.get("floor") or {}, "@pytest.mark.stepscope(floor=...)")
-    base_run = gate.baseline.run_for(gate.run)
-    comparison, verdict = compare_gate(
-        f"{gate.baseline.folder}::{base_run}", f"{gate.store}::{gate.run}", None, marker_budgets, None, None,
-        floors=floors, defaults=bool(gate.options.get("defaults", not budget)))
+    reruns = max(0, _setting(item, gate, "reruns", RERUNS_OPTION, DEFAULT_RERUNS))
+    while True:
+        comparison, verdict = compare_gate(
+            gate.baseline.spec(gate.run), [f"{gate.store}::{run}" for run in gate.runs], None, marker_budgets, None,
+            None, floors=floors, defaults=bool(gate.options.get("defaults", not budget)))
+        grey = comparison.comparable and any(r.grey for r in verdict.results)
+        if verdict.status != "inconclusive" or not grey or len(gate.runs) > reruns:
+            break
+        _repeat(item, gate)
     if verdict.status != "pass":
-        pytest.fail(f"stepscope: {verdict.status}\n" + render_text(comparison, verdict), pytrace=False)
+        again = f" after {len(gate.runs)} runs" if len(gate.runs) > 1 else ""
+        pytest.fail(f"stepscope: {verdict.status}{again}\n" + render_text(comparison, verdict), pytrace=False)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

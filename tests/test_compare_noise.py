@@ -1,6 +1,7 @@
 """Identical runs never fail: 20 self-comparisons of the project's CPU sample runs (each ingested
 twice, compared with every budget at zero and no floor), and 10 pairs of fresh recordings of the
-same small CPU loop with the default budgets and floors."""
+same small CPU loop with the default budgets and floors (never a regression; one run a side may be
+inconclusive, saying the noise was not measured)."""
 
 from __future__ import annotations
 
@@ -82,11 +83,14 @@ def test_fresh_recordings_of_the_same_loop_never_fail(tmp_path: Path) -> None:
         with open_store(tmp_path / f"pair{pair}") as s:
             comparison = compare_runs(s, "r0", s, "r1")
         result = verdict(comparison, parse_budgets(list(DEFAULT_BUDGETS)))
-        assert result.status == "pass", result.reasons
+        # one run a side cannot show the run-to-run noise: the gate may say so (inconclusive, the
+        # assumed noise named), but it never calls unchanged code a regression
+        assert result.status in ("pass", "inconclusive"), result.reasons
+        assert all("noise not measured" in reason for reason in result.reasons), result.reasons
         for r in result.results:
             outcomes[(r.budget.metric, r.decided_by)] += 1
         step = comparison.metric("step_time")
-        assert step.source == "step_times" and step.increase is not None and step.decrease is not None
+        assert step.source == "step_times.cpu_ns" and step.increase is not None and step.decrease is not None
         worst_pct = max(worst_pct, abs(step.delta_pct or 0))
         lowest_p = min(lowest_p, step.increase.p_value, step.decrease.p_value)
     print(f"10 fresh pairs: worst step-time change {worst_pct:.1f}%, lowest p {lowest_p:.2g}, "

@@ -36,6 +36,7 @@ def run_metadata(info: RankInfo) -> dict[str, Any]:
         "git_commit": git_commit(Path.cwd()),
         "gpu_model": torch.cuda.get_device_name() if cuda else None,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "torch_threads": torch.get_num_threads(),  # intra-op threads: the compare gate checks them
         "rank": info.rank,
         "world_size": info.world_size,
         "backend": info.backend,

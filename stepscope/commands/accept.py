@@ -1,6 +1,7 @@
 """``stepscope accept CANDIDATE --reason "..." --store DIR [--baseline NAME]``: record a known,
 intended change. The reason is kept beside the run (``acceptances/<run>.json``) and the run
-becomes baseline NAME, so the next comparison starts from it."""
+becomes baseline NAME, alone (its earlier runs measured the code before the change), so the next
+comparison starts from it."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def run(args: argparse.Namespace) -> int:
     run_id = _known_run(args.store, args.candidate)
     previous = baseline_run(args.store, args.baseline)
     path = record_acceptance(args.store, run_id, args.reason, baseline=args.baseline, compared_to=previous)
-    set_baseline(args.store, args.baseline, run_id, reason=f"accepted: {args.reason}")
+    # The older runs measured the code before the change: their spread is not this code's noise.
+    set_baseline(args.store, args.baseline, run_id, reason=f"accepted: {args.reason}", append=False)
     was = f" (was {previous})" if previous else ""
     print(f"accepted {run_id}: baseline {args.baseline} -> {run_id}{was}; reason kept in {path}")
     return 0

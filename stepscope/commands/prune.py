@@ -50,7 +50,7 @@ def runs_to_prune(created: dict[str, dt.datetime], protected: set[str], *, keep:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.store import open_store
-    from stepscope.store.baselines import forget_acceptance, load_baselines
+    from stepscope.store.baselines import forget_acceptance, protected_runs
     from stepscope.store.runs import remove_run
 
     if args.keep is None and args.older_than is None:
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     with open_store(args.store) as store:
         rows = store.sql("SELECT run, created_at FROM runs").to_pylist()
     created = {r["run"]: _utc(r["created_at"]) for r in rows}
-    protected = {entry["run"] for entry in load_baselines(args.store).values()}
+    protected = protected_runs(args.store)
     doomed = runs_to_prune(created, protected, keep=args.keep, older_than=args.older_than,
                            now=dt.datetime.now(dt.timezone.utc))
     verb = "would remove" if args.dry_run else "removed"

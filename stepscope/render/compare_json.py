@@ -10,7 +10,9 @@ from stepscope.analysis.absent import Absent, jsonable
 from stepscope.analysis.compare.comparison import Comparison, MetricDelta, NamedDelta
 from stepscope.analysis.compare.gate import Verdict
 
-SCHEMA = "stepscope.compare/1"
+SCHEMA = "stepscope.compare/2"
+"""2: sides of several runs, the run-to-run noise, p-values over the runs' values, decided_by
+noise/grey_zone, host parts, wall time."""
 
 
 def _metric(m: MetricDelta) -> dict[str, Any]:
@@ -21,6 +23,8 @@ def _metric(m: MetricDelta) -> dict[str, Any]:
         "metric": m.metric, "label": m.label, "unit": m.unit, "statistic": m.statistic, "source": m.source,
         "baseline": side(m.baseline), "candidate": side(m.candidate),
         "delta": m.delta, "delta_pct": m.delta_pct,
+        "baseline_run_values": list(m.base_runs), "candidate_run_values": list(m.cand_runs),
+        "noise": None if m.noise is None else m.noise.to_json(),
         "p_increase": None if m.increase is None else m.increase.p_value,
         "p_decrease": None if m.decrease is None else m.decrease.p_value,
         "test": None if m.increase is None else m.increase.method,
@@ -57,6 +61,8 @@ def to_json(comparison: Comparison, verdict: Verdict) -> dict[str, Any]:
         "baseline": c.baseline if isinstance(c.baseline, Absent) else c.baseline.to_json(),
         "candidate": c.candidate.to_json(),
         "step_time_source": c.step_source,
+        "baseline_runs": list(c.baseline_runs),
+        "candidate_runs": list(c.candidate_runs),
         "alpha": c.alpha,
         "comparability": {"comparable": c.baseline if no_baseline else c.comparable,
                           "checks": [k.to_json() for k in c.checks]},

@@ -19,10 +19,15 @@ def _short(name: str) -> str:
     return name if len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 3] + "..."
 
 
+def _runs(runs: list[str], one: str) -> str:
+    return one if len(runs) <= 1 else f"{len(runs)} runs ({', '.join(runs)})"
+
+
 def headline(doc: dict[str, Any]) -> str:
-    """``PASS``/``REGRESSION``/``INCONCLUSIVE``/``NO_BASELINE``: baseline run -> candidate run."""
-    base = doc["baseline"]["run"] if doc["baseline"] else "none yet"
-    return f"{doc['verdict']['status'].upper()}: baseline {base} -> candidate {doc['candidate']['run']}"
+    """``PASS``/``REGRESSION``/``INCONCLUSIVE``/``NO_BASELINE``: baseline run(s) -> candidate run(s)."""
+    base = _runs(doc["baseline_runs"], doc["baseline"]["run"]) if doc["baseline"] else "none yet"
+    cand = _runs(doc["candidate_runs"], doc["candidate"]["run"])
+    return f"{doc['verdict']['status'].upper()}: baseline {base} -> candidate {cand}"
 
 
 def run_line(facts: dict[str, Any] | None, absent: str | None = None) -> str:
@@ -41,8 +46,17 @@ def budget_table(doc: dict[str, Any]) -> Table:
     for b in doc["budgets"]:
         result = b["status"].upper() if judged else "not judged"
         rows.append([b["budget"], format_value(b["baseline"], b["unit"]), format_value(b["candidate"], b["unit"]),
-                     signed_percent(b["delta_pct"]), b["decided_by"], result])
-    return Table.of_text("Budgets", ["budget", "baseline", "candidate", "change", "decided by", "result"], rows)
+                     signed_percent(b["delta_pct"]), _noise(b["noise"], b["unit"]), b["decided_by"], result])
+    note = ("noise: the run-to-run spread a change must exceed beyond its budget to fail, and stay under it "
+            "to pass ('assumed' with one run a side: not measured); in between is the grey zone (inconclusive).")
+    return Table.of_text("Budgets", ["budget", "baseline", "candidate", "change", "noise", "decided by", "result"],
+                         rows, note)
+
+
+def _noise(noise: dict[str, Any] | None, unit: str) -> str:
+    if noise is None:
+        return "n/a"
+    return f"+-{format_value(noise['margin'], unit)}{'' if noise['measured'] else ' assumed'}"
 
 
 def metric_table(doc: dict[str, Any]) -> Table:
@@ -58,9 +72,11 @@ def metric_table(doc: dict[str, Any]) -> Table:
         worse = m["p_increase"] if (m["delta"] or 0) >= 0 else m["p_decrease"]
         rows.append([m["label"], side(m["baseline"]), side(m["candidate"]), format_delta(m["delta"], m["unit"]),
                      signed_percent(m["delta_pct"]), format_value(worse, "p")])
-    note = (f"median per step over ranks and steps [p25-p75]; peak memory: the highest step peak. "
-            f"Step time from {doc['step_time_source']}. p: one-sided Mann-Whitney U in the direction "
-            f"of the change (alpha {doc['alpha']:g}).")
+    note = (f"a side's value: the median over its runs of each run's median per step (peak memory: the "
+            f"highest step peak) [p25-p75 of every step of its runs]. Step time from "
+            f"{doc['step_time_source']}; wall time still shown. p: one-sided Mann-Whitney U over the runs' "
+            f"values in the direction of the change (alpha {doc['alpha']:g}; with 3 runs against 1 it cannot "
+            f"go below 0.25, and claims no more).")
     return Table.of_text("Step breakdown", ["metric", "baseline", "candidate", "delta", "change", "p"], rows, note)
 
 

@@ -126,6 +126,7 @@ STEP_TIMES = pa.schema(
         pa.field("step", pa.int64(), nullable=False),
         pa.field("start_ns", pa.int64(), nullable=False),
         pa.field("wall_ns", pa.int64(), nullable=False),
+        pa.field("cpu_ns", pa.int64()),
         pa.field("gpu_ns", pa.int64()),
         pa.field("profiled", pa.bool_()),
         pa.field("tokens", pa.int64()),

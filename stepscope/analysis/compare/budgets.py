@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from stepscope.store.rankstats.parts import GPU
+from stepscope.store.rankstats.parts import GPU, HOST
 from stepscope.errors import UsageError
 
 TIME_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
@@ -37,11 +37,14 @@ BUDGET_METRICS: dict[str, str] = {
     "busbw": "gbps",
     "copy_bandwidth": "gbps",
     **{f"copy_bandwidth_{d}": "gbps" for d in COPY_DIRECTIONS},
+    "wall_time": "ns",
+    **{metric: part.unit for metric, part in HOST.budget_metrics().items()},
 }
 """Metric name -> dimension. These are the names of the comparison's metrics (see metrics.py): the
-step time, each step part the catalogue (:mod:`stepscope.store.rankstats.parts`) names a budget metric
-for, the peak memory, the bus bandwidth of the collectives and the copy bandwidth (all copies,
-then per direction)."""
+step time (the judged measure: device time on GPU, the training thread's CPU time on CPU), each
+GPU step part the catalogue (:mod:`stepscope.store.rankstats.parts`) names a budget metric for,
+the peak memory, the bus bandwidth of the collectives, the copy bandwidth (all copies, then per
+direction), the step's wall time, and each host step part with a budget metric."""
 
 DEFAULT_FLOORS: dict[str, float] = {"ns": 500_000, "bytes": 16 * 2**20, "gbps": 1.0}
 """Absolute floor per dimension: a change smaller than this never fails, whatever its relative

@@ -1,6 +1,16 @@
-"""Two runs side by side: every metric with its spread, deltas and a noise test; per-name diffs.
+"""A baseline and a candidate side by side: every metric with its spread, deltas and run-to-run
+noise; per-name diffs.
 
-:func:`compare_profiles` is pure (two :class:`RunProfile` in, a :class:`Comparison` out) so the
+Each side is one run or several runs of the same code (a baseline keeps its last few runs; the
+pytest plugin re-runs a test in the grey zone). A metric's value on a side is the median of its
+per-run values (each run's median per step, or its highest peak), so one disturbed run cannot
+move it far, and the spread of the per-run values is the run-to-run noise
+(:class:`~stepscope.analysis.compare.stats.Noise`). The steps of one run are not independent
+samples of that noise: on a loaded machine every step of a run moves together, so a test over
+the steps of one run would claim a confidence it does not have; the Mann-Whitney U test here is
+over the per-run values, and says when there are too few runs for it to mean anything.
+
+:func:`compare_profiles` is pure (profiles in, a :class:`Comparison` out) so the
 statistics can be tested on hand-made profiles; :func:`compare_runs` reads the profiles from
 stores first. Budgets are judged afterwards by :mod:`stepscope.analysis.compare.gate`: the
 comparison is data, the gate is the decision.
@@ -8,7 +18,9 @@ comparison is data, the gate is the decision.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.compare.budgets import COPY_DIRECTIONS
 from stepscope.analysis.compare.comparability import Check, comparability
@@ -16,12 +28,22 @@ from stepscope.analysis.compare.metrics import (
     RunFacts,
     NamedStat,
     RunProfile,
-    has_step_times,
     run_profile,
+    step_measures,
+    step_source,
 )
-from stepscope.analysis.compare.stats import MannWhitney, Spread, mann_whitney_greater, mann_whitney_less, spread
+from stepscope.analysis.compare.stats import (
+    MannWhitney,
+    Noise,
+    Spread,
+    mann_whitney_greater,
+    mann_whitney_less,
+    run_noise,
+    spread,
+)
 from stepscope.analysis.findings import Finding, Severity
-from stepscope.store.rankstats.parts import GPU
+from stepscope.analysis.quantiles import median
+from stepscope.store.rankstats.parts import GPU, HOST
 from stepscope.analysis.sections import SQLStore
 from stepscope.render.units import format_value, signed_percent
 
@@ -34,11 +56,12 @@ BANDWIDTH_METRICS: tuple[tuple[str, str, str], ...] = (
 """(metric, label, source) of the bandwidth metrics, after the peak memory. Per rank and step."""
 
 ALPHA = 0.05
-"""Significance level of the noise test (one-sided Mann-Whitney U)."""
+"""Significance level of the Mann-Whitney U test over the per-run values (reported beside each
+metric; the gate decides on the noise margin, :mod:`~stepscope.analysis.compare.gate`)."""
 
 NOTABLE_PCT = 5.0
-"""A metric change is reported as a finding from this relative size on (and only when the noise
-test says it is beyond the run-to-run spread, or no test is possible)."""
+"""A metric change is reported as a finding from this relative size on (and only when it is
+larger than the run-to-run noise margin)."""
 
 KERNEL_NOTABLE_PCT = 10.0
 KERNEL_NOTABLE_SHARE = 0.01
@@ -48,26 +71,39 @@ KERNEL_NOTABLE_SHARE = 0.01
 
 @dataclass(frozen=True)
 class MetricDelta:
-    """One metric of both runs. ``statistic`` says which summary the deltas compare."""
+    """One metric of both sides. ``statistic`` says which summary of a run's per-step values is
+    its per-run value (``median``; ``max`` for the peak memory); a side's value is the median of
+    its per-run values."""
 
     metric: str
     label: str
     unit: str
     statistic: str
     baseline: Maybe[Spread]
+    """Spread of the per-step values, every run of the side pooled."""
     candidate: Maybe[Spread]
     increase: MannWhitney | None
-    """Test of "candidate larger than baseline" over the per-step values (None: no samples)."""
+    """Test of "candidate larger than baseline" over the per-run values (None: no values)."""
     decrease: MannWhitney | None
     source: str
+    base_runs: tuple[float, ...] = ()
+    """The per-run values of the baseline's runs (empty when absent)."""
+    cand_runs: tuple[float, ...] = ()
 
     @property
     def base_value(self) -> float | None:
-        return None if isinstance(self.baseline, Absent) else getattr(self.baseline, self.statistic)
+        return median(list(self.base_runs)) if self.base_runs else None
 
     @property
     def cand_value(self) -> float | None:
-        return None if isinstance(self.candidate, Absent) else getattr(self.candidate, self.statistic)
+        return median(list(self.cand_runs)) if self.cand_runs else None
+
+    @property
+    def noise(self) -> Noise | None:
+        """Run-to-run noise of this metric (None when a side has no value)."""
+        if not self.base_runs or not self.cand_runs:
+            return None
+        return run_noise(self.base_runs, self.cand_runs, timed=self.unit != "bytes")
 
     @property
     def delta(self) -> float | None:
@@ -127,6 +163,8 @@ class Comparison:
     """Absent when there is no baseline yet (:func:`without_baseline`)."""
     candidate: RunFacts
     step_source: str
+    """``step_times.<column>`` (:data:`~stepscope.analysis.compare.metrics.STEP_MEASURES`) or
+    ``step_windows``: what the step time of both sides is."""
     checks: list[Check]
     metrics: list[MetricDelta]
     kernels: Maybe[list[NamedDelta]]
@@ -134,6 +172,10 @@ class Comparison:
     copies: Maybe[list[NamedDelta]]
     findings: list[Finding]
     alpha: float
+    baseline_runs: tuple[str, ...] = ()
+    """Every run of the baseline side, oldest first (``baseline`` is the newest's facts)."""
+    candidate_runs: tuple[str, ...] = ()
+    """Every run of the candidate side, in the order judged (``candidate`` is the first's)."""
 
     @property
     def comparable(self) -> bool:
@@ -147,23 +189,34 @@ class Comparison:
         return next(m for m in self.metrics if m.metric == name)
 
 
-def _tests(base: Maybe[list[float]], cand: Maybe[list[float]]) -> tuple[MannWhitney | None, MannWhitney | None]:
-    if isinstance(base, Absent) or isinstance(cand, Absent) or not base or not cand:
-        return None, None
-    return mann_whitney_greater(base, cand), mann_whitney_less(base, cand)
+def _pooled(runs: Sequence[Maybe[list[float]]]) -> Maybe[list[list[float]]]:
+    """Each run's values, or the first run's reason when any run lacks them."""
+    for values in runs:
+        if isinstance(values, Absent):
+            return values
+        if not values:
+            return Absent("no values")
+    return [list(v) for v in runs]  # type: ignore[arg-type]
 
 
-def _spread(values: Maybe[list[float]], empty: str) -> Maybe[Spread]:
-    if isinstance(values, Absent):
-        return values
-    return spread(values) if values else Absent(empty)
+def _per_run(runs: Maybe[list[list[float]]], statistic: str) -> tuple[float, ...]:
+    if isinstance(runs, Absent):
+        return ()
+    return tuple(max(v) if statistic == "max" else median(v) for v in runs)
 
 
-def _metric(metric: str, label: str, unit: str, statistic: str, base: Maybe[list[float]],
-            cand: Maybe[list[float]], source: str) -> MetricDelta:
-    up, down = _tests(base, cand)
-    empty = "no values"
-    return MetricDelta(metric, label, unit, statistic, _spread(base, empty), _spread(cand, empty), up, down, source)
+def _metric(metric: str, label: str, unit: str, statistic: str, base: Sequence[Maybe[list[float]]],
+            cand: Sequence[Maybe[list[float]]], source: str) -> MetricDelta:
+    b, c = _pooled(base), _pooled(cand)
+    base_runs, cand_runs = _per_run(b, statistic), _per_run(c, statistic)
+    up = down = None
+    if base_runs and cand_runs:
+        up, down = mann_whitney_greater(base_runs, cand_runs), mann_whitney_less(base_runs, cand_runs)
+
+    def side(runs: Maybe[list[list[float]]]) -> Maybe[Spread]:
+        return runs if isinstance(runs, Absent) else spread([v for values in runs for v in values])
+
+    return MetricDelta(metric, label, unit, statistic, side(b), side(c), up, down, source, base_runs, cand_runs)
 
 
 def _named(base: Maybe[list[NamedStat]], cand: Maybe[list[NamedStat]]) -> Maybe[list[NamedDelta]]:
@@ -188,29 +241,26 @@ def _named(base: Maybe[list[NamedStat]], cand: Maybe[list[NamedStat]]) -> Maybe[
     return out
 
 
-def _significant(m: MetricDelta, alpha: float) -> bool:
-    """Beyond the run-to-run spread in the direction of the change (True when untestable)."""
-    test = m.increase if (m.delta or 0) > 0 else m.decrease
-    if test is None or test.min_p > alpha:
-        return True
-    return test.p_value < alpha
+def _beyond_noise(m: MetricDelta) -> bool:
+    """The change is larger than the run-to-run noise margin."""
+    noise = m.noise
+    return noise is not None and abs(m.delta or 0.0) > noise.margin
 
 
-def _metric_findings(metrics: list[MetricDelta], alpha: float, step_ns: float | None) -> list[Finding]:
+def _metric_findings(metrics: list[MetricDelta], step_ns: float | None) -> list[Finding]:
     """Significant changes of at least :data:`NOTABLE_PCT`; a time part must also move by at least
     :data:`KERNEL_NOTABLE_SHARE` of the step (a 10 us part doubling is not news)."""
     found = []
     for m in metrics:
         pct = m.delta_pct
-        if pct is None or abs(pct) < NOTABLE_PCT or not _significant(m, alpha):
+        if pct is None or abs(pct) < NOTABLE_PCT or not _beyond_noise(m):
             continue
         if m.unit == "ns" and step_ns and abs(m.delta or 0) < KERNEL_NOTABLE_SHARE * step_ns:
             continue
         worse = (pct > 0) != m.higher_is_better
-        test = m.increase if pct > 0 else m.decrease
+        noise = m.noise
         evidence = {"metric": m.metric, "baseline": m.base_value, "candidate": m.cand_value,
-                    "delta": m.delta, "delta_pct": pct,
-                    "p_value": None if test is None else test.p_value}
+                    "delta": m.delta, "delta_pct": pct, "noise_margin": None if noise is None else noise.margin}
         found.append(Finding(Severity.WARNING if worse else Severity.INFO, f"compare.{m.metric}",
                              f"{m.label} {'up' if pct > 0 else 'down'} {abs(pct):.1f}% "
                              f"({format_value(m.base_value, m.unit)} -> {format_value(m.cand_value, m.unit)})", evidence))
@@ -242,67 +292,107 @@ def _kernel_findings(kernels: Maybe[list[NamedDelta]], step_ns: float | None) ->
     return found
 
 
-def _metrics(base: Maybe[RunProfile], cand: RunProfile) -> list[MetricDelta]:
-    """Every metric of both runs, in :data:`~stepscope.analysis.compare.budgets.BUDGET_METRICS`
+Side = Sequence[RunProfile]
+"""The runs of one side of a comparison (at least one)."""
+
+
+def _metrics(base: Maybe[Side], cand: Side, step_source: str) -> list[MetricDelta]:
+    """Every metric of both sides, in :data:`~stepscope.analysis.compare.budgets.BUDGET_METRICS`
     order; an absent ``base`` (no baseline yet) makes every baseline side absent with its reason."""
-    def samples(profile: Maybe[RunProfile], metric: str) -> Maybe[list[float]]:
-        return profile if isinstance(profile, Absent) else profile.samples[metric]
+    def samples(side: Maybe[Side], metric: str) -> list[Maybe[list[float]]]:
+        return [side] if isinstance(side, Absent) else [p.samples[metric] for p in side]
 
-    def peaks(profile: Maybe[RunProfile]) -> Maybe[list[float]]:
-        return profile if isinstance(profile, Absent) else profile.peak_memory
+    def peaks(side: Maybe[Side]) -> list[Maybe[list[float]]]:
+        return [side] if isinstance(side, Absent) else [p.peak_memory for p in side]
 
-    step_source = cand.step_source if isinstance(base, Absent) else base.step_source
-    device = (cand if isinstance(base, Absent) else base).peak_memory_device
+    def parts(breakdown: str, source: str) -> list[MetricDelta]:
+        catalogue = GPU if breakdown == "gpu" else HOST
+        return [_metric(metric, part.label, part.unit, "median", samples(base, metric), samples(cand, metric),
+                        f"{source}.{part.column}") for metric, part in catalogue.budget_metrics().items()]
+
+    device = (cand if isinstance(base, Absent) else base)[-1].peak_memory_device
+    wall_source = "step_times.wall_ns" if step_source.startswith("step_times.") else step_source
     metrics = [_metric("step_time", "step time", "ns", "median", samples(base, "step_time"),
-                       cand.samples["step_time"], step_source)]
-    for metric, part in GPU.budget_metrics().items():
-        metrics.append(_metric(metric, part.label, part.unit, "median", samples(base, metric), cand.samples[metric],
-                               f"step_breakdown.{part.column}"))
+                       samples(cand, "step_time"), step_source)]
+    metrics += parts("gpu", "step_breakdown")
     metrics.append(_metric("peak_memory", f"peak memory ({device or 'n/a'})", "bytes", "max",
-                           peaks(base), cand.peak_memory, "memory.step_peaks.peak_allocated_bytes"))
+                           peaks(base), peaks(cand), "memory.step_peaks.peak_allocated_bytes"))
     for metric, label, source in BANDWIDTH_METRICS:
-        metrics.append(_metric(metric, label, "gbps", "median", samples(base, metric), cand.samples[metric], source))
+        metrics.append(_metric(metric, label, "gbps", "median", samples(base, metric), samples(cand, metric), source))
+    metrics.append(_metric("wall_time", "step wall time", "ns", "median", samples(base, "wall_time"),
+                           samples(cand, "wall_time"), wall_source))
+    metrics += parts("host", "host_breakdown")
     return metrics
 
 
-def compare_profiles(base: RunProfile, cand: RunProfile, *, alpha: float = ALPHA) -> Comparison:
-    """Compare two gathered runs (pure: no store access)."""
-    source = base.step_source if base.step_source == cand.step_source else "mixed"
-    metrics = _metrics(base, cand)
-    kernels = _named(base.kernels, cand.kernels)
+def _side(profiles: RunProfile | Side) -> Side:
+    return [profiles] if isinstance(profiles, RunProfile) else list(profiles)
+
+
+def compare_profiles(base: RunProfile | Side, cand: RunProfile | Side, *, alpha: float = ALPHA) -> Comparison:
+    """Compare two gathered sides, each one run or several runs of the same code, oldest first
+    (pure: no store access). Comparability and the per-name tables compare the baseline's newest
+    run with the candidate's first."""
+    bases, cands = _side(base), _side(cand)
+    sources = {p.step_source for p in (*bases, *cands)}
+    source = sources.pop() if len(sources) == 1 else "mixed"
+    newest, first = bases[-1], cands[0]
+    metrics = _metrics(bases, cands, source)
+    kernels = _named(newest.kernels, first.kernels)
     step_ns = metrics[0].base_value
-    findings = _metric_findings(metrics, alpha, step_ns) + _kernel_findings(kernels, step_ns)
+    findings = _metric_findings(metrics, step_ns) + _kernel_findings(kernels, step_ns)
     return Comparison(
-        baseline=base.facts,
-        candidate=cand.facts,
+        baseline=newest.facts,
+        candidate=first.facts,
         step_source=source,
-        checks=comparability(base, cand),
+        checks=comparability(newest, first),
         metrics=metrics,
         kernels=kernels,
-        collectives=_named(base.collectives, cand.collectives),
-        copies=_named(base.copies, cand.copies),
+        collectives=_named(newest.collectives, first.collectives),
+        copies=_named(newest.copies, first.copies),
         findings=findings,
         alpha=alpha,
+        baseline_runs=tuple(p.facts.run for p in bases),
+        candidate_runs=tuple(p.facts.run for p in cands),
     )
 
 
-def without_baseline(cand: RunProfile, reason: str, *, alpha: float = ALPHA) -> Comparison:
+def without_baseline(cand: RunProfile | Side, reason: str, *, alpha: float = ALPHA) -> Comparison:
     """The candidate alone, when there is no baseline yet (the first run of a branch): its own
     figures, every baseline side absent with ``reason``, no comparability checks, no findings.
     The gate turns it into the ``no_baseline`` outcome."""
+    cands = _side(cand)
     absent = Absent(reason)
-    return Comparison(baseline=absent, candidate=cand.facts, step_source=cand.step_source, checks=[],
-                      metrics=_metrics(absent, cand), kernels=absent, collectives=absent, copies=absent,
-                      findings=[], alpha=alpha)
+    return Comparison(baseline=absent, candidate=cands[0].facts, step_source=cands[0].step_source, checks=[],
+                      metrics=_metrics(absent, cands, cands[0].step_source), kernels=absent, collectives=absent,
+                      copies=absent, findings=[], alpha=alpha,
+                      candidate_runs=tuple(p.facts.run for p in cands))
+
+
+RunRefs = Sequence[tuple[SQLStore, str]]
+"""The runs of one side: (store, run) each."""
+
+
+def profiles(side: RunRefs, source: str) -> list[RunProfile]:
+    """Every run of a side, gathered with its step time from ``source``."""
+    return [run_profile(store, run, source) for store, run in side]
+
+
+def side_source(*sides: RunRefs) -> str:
+    """The step time's source shared by every run of ``sides`` (:func:`step_source`)."""
+    return step_source([step_measures(store, run) for side in sides for store, run in side])
+
+
+def compare_sides(base: RunRefs, cand: RunRefs, *, alpha: float = ALPHA) -> Comparison:
+    """Compare the baseline's runs (oldest first) with the candidate's: the step time comes from
+    the first ``step_times`` measure every run has (device time, the training thread's CPU
+    time, wall time: :data:`~stepscope.analysis.compare.metrics.STEP_MEASURES`), else from the
+    profiled steps' windows of all."""
+    source = side_source(base, cand)
+    return compare_profiles(profiles(base, source), profiles(cand, source), alpha=alpha)
 
 
 def compare_runs(base_store: SQLStore, base_run: str, cand_store: SQLStore, cand_run: str,
                  *, alpha: float = ALPHA) -> Comparison:
-    """Compare ``base_run`` (in ``base_store``) with ``cand_run`` (in ``cand_store``; may be the
-    same store). The step time comes from the collector's ``step_times`` when both runs have
-    them (every step of the run), else from the profiled steps' windows in both."""
-    both = has_step_times(base_store, base_run) and has_step_times(cand_store, cand_run)
-    base = run_profile(base_store, base_run, use_step_times=both)
-    cand = run_profile(cand_store, cand_run, use_step_times=both)
-    return compare_profiles(base, cand, alpha=alpha)
-
+    """Compare one run with one run (:func:`compare_sides` of a run each)."""
+    return compare_sides([(base_store, base_run)], [(cand_store, cand_run)], alpha=alpha)

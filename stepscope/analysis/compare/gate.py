@@ -4,21 +4,24 @@ A gate is data first, then a decision (pytest-memray's ``limit_memory``): :func:
 returns a :class:`BudgetResult` for every budget, :func:`check` only the violations, and
 :func:`verdict` the exit status. Nothing is printed here.
 
-The rule for one budget (``decided_by`` names the step that settled it):
+The rule for one budget (``decided_by`` names the step that settled it). A side's value is the
+median of its runs' values; the noise margin ``M`` is the run-to-run spread of those values
+(:class:`~stepscope.analysis.compare.stats.Noise`: measured when a side has two runs or more, else
+assumed, and said so); ``T`` is the budget's threshold:
 
-1. ``not_available``: the metric is missing in either run; the budget abstains (never fails).
-2. ``threshold``: the change does not exceed the threshold; pass.
-3. ``floor``: it exceeds the threshold but is no larger than the metric's absolute floor
+1. ``not_available``: the metric is missing on either side; the budget abstains (never fails).
+2. ``threshold``: there is no change, or it is within ``T - M``: within budget even if the
+   noise hid part of it; pass.
+3. ``floor``: it is no larger than the metric's absolute floor
    (:func:`stepscope.analysis.compare.budgets.floors`: 0.5 ms, 16 MiB, 1 GB/s by default); pass.
-4. ``mann_whitney``: it exceeds both, but a one-sided Mann-Whitney U test over the per-step
-   values (step times, parts, per-step memory peaks, per-step bandwidths) does not reject "same
-   distribution" at ``alpha``: the difference is within the run-to-run spread; pass.
-5. ``threshold+mann_whitney``: it exceeds both and the test rejects; fail.
-6. ``threshold_only``: it exceeds both and no test is possible (too few steps for the test to
-   ever reach ``alpha``, e.g. 2 and 2); fail, and the message says the decision had no noise test.
+4. ``noise``: it exceeds ``T + M``: over budget by more than runs of the same code differ; fail.
+5. ``grey_zone``: between the two, noise alone could put it on either side of the budget;
+   inconclusive (the pytest plugin re-runs the test first).
 
-Identical runs have zero deltas, so step 2 passes every budget: they never fail. Runs of the
-same code differ by noise, which steps 3 and 4 absorb.
+The Mann-Whitney U test over the per-run values is reported (``p_value``), never decisive: with
+three runs against one it cannot go below 0.25, which is the truth about so few runs. A test
+over the steps of one run would give p=1e-9 for a run that a busy machine slowed down as a whole.
+Identical runs have zero deltas, so steps 2 or 3 pass every budget: they never fail.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ from stepscope.analysis.absent import Absent
 from stepscope.analysis.compare.budgets import Budget
 from stepscope.analysis.compare.budgets import floors as default_floors
 from stepscope.analysis.compare.comparison import Comparison, MetricDelta
+from stepscope.analysis.compare.stats import MannWhitney, Noise
 from stepscope.errors import Inconclusive, StepscopeError
 from stepscope.render.units import format_value, p_value, signed_percent
 
-DECIDED_BY = ("not_available", "threshold", "floor", "mann_whitney", "threshold+mann_whitney", "threshold_only")
+DECIDED_BY = ("not_available", "threshold", "floor", "noise", "grey_zone")
 
 PASS, REGRESSION, INCONCLUSIVE, NO_BASELINE = "pass", "regression", "inconclusive", "no_baseline"
 EXIT_CODES = {PASS: 0, REGRESSION: StepscopeError.exit_code, INCONCLUSIVE: Inconclusive.exit_code}
@@ -46,7 +50,8 @@ MISSING_BASELINE = {"pass": PASS, "fail": REGRESSION, "inconclusive": INCONCLUSI
 
 @dataclass(frozen=True)
 class BudgetResult:
-    """How one budget fared. ``status`` is ``pass``, ``fail`` or ``not_available``."""
+    """How one budget fared. ``status`` is ``pass``, ``fail``, ``inconclusive`` (the grey zone)
+    or ``not_available``."""
 
     budget: Budget
     metric: MetricDelta
@@ -62,26 +67,26 @@ class BudgetResult:
     def violated(self) -> bool:
         return self.status == "fail"
 
+    @property
+    def grey(self) -> bool:
+        return self.status == "inconclusive"
+
     def to_json(self) -> dict[str, Any]:
         m = self.metric
         return {**self.budget.to_json(), "floor": self.floor, "status": self.status, "unit": m.unit,
                 "statistic": m.statistic,
                 "baseline": m.base_value, "candidate": m.cand_value, "delta": m.delta, "delta_pct": m.delta_pct,
                 "exceeded": self.exceeded, "p_value": self.p_value, "decided_by": self.decided_by,
-                "message": self.message}
+                "noise": None if m.noise is None else m.noise.to_json(), "message": self.message}
 
 
 Violation = BudgetResult
 """A :class:`BudgetResult` whose status is ``fail`` (what :func:`check` returns)."""
 
 
-def _exceeded(budget: Budget, m: MetricDelta) -> bool:
-    delta = m.delta or 0.0
-    if budget.relative:
-        if not m.base_value:
-            return delta * budget.direction > 0
-        return budget.direction * delta / abs(m.base_value) > budget.threshold
-    return budget.direction * delta > budget.threshold
+def _limit(budget: Budget, m: MetricDelta) -> float:
+    """The budget's threshold in the metric's unit (a relative one of the baseline's value)."""
+    return budget.threshold * abs(m.base_value or 0.0) if budget.relative else budget.threshold
 
 
 def _threshold_text(budget: Budget, m: MetricDelta) -> str:
@@ -97,6 +102,25 @@ def _change_text(m: MetricDelta) -> str:
             f"{pct}")
 
 
+def noise_text(noise: Noise, unit: str) -> str:
+    """The noise margin and where it came from, in words."""
+    runs = f"{noise.baseline_runs} baseline run{'s' * (noise.baseline_runs != 1)}, " \
+           f"{noise.candidate_runs} candidate run{'s' * (noise.candidate_runs != 1)}"
+    if not noise.measured:
+        return (f"run-to-run noise not measured ({runs}): assumed +-{format_value(noise.margin, unit)}; "
+                "a change that size could be noise it cannot see")
+    return f"run-to-run noise +-{format_value(noise.margin, unit)} ({runs})"
+
+
+def _between_runs(test: MannWhitney | None, alpha: float) -> str:
+    if test is None:
+        return ""
+    if test.min_p >= alpha:
+        return (f"; Mann-Whitney over run values p={p_value(test.p_value)}, the lowest {test.n_x} vs "
+                f"{test.n_y} runs can give is {p_value(test.min_p)}")
+    return f"; Mann-Whitney over run values p={p_value(test.p_value)} (n={test.n_x}/{test.n_y} runs)"
+
+
 def evaluate_budget(comparison: Comparison, budget: Budget, floor: float) -> BudgetResult:
     """Apply the rule in the module docs to one budget, with the metric's absolute ``floor``."""
     m = comparison.metric(budget.metric)
@@ -105,26 +129,24 @@ def evaluate_budget(comparison: Comparison, budget: Budget, floor: float) -> Bud
     def result(status: str, exceeded: bool | None, p: float | None, decided_by: str, message: str) -> BudgetResult:
         return BudgetResult(budget, m, floor, status, exceeded, p, decided_by, message)
 
-    if m.delta is None:
+    noise = m.noise
+    if m.delta is None or noise is None:
         return result("not_available", None, None, "not_available",
                       f"{m.label}: not available ({m.absent_reason or 'no value'})")
-    if not _exceeded(budget, m):
-        return result("pass", False, None, "threshold", f"{_change_text(m)}, within {limit}")
-    if abs(m.delta) <= floor:
-        return result("pass", True, None, "floor", f"{_change_text(m)}, over {limit} but within the "
-                                                   f"{format_value(floor, m.unit)} floor")
     test = m.increase if budget.direction > 0 else m.decrease
-    if test is None or test.min_p > comparison.alpha:
-        why = ("no per-step values" if test is None
-               else f"too few steps for a noise test ({test.n_x} and {test.n_y})")
-        return result("fail", True, None, "threshold_only", f"{_change_text(m)}, over {limit} (no noise test: {why})")
-    if test.p_value < comparison.alpha:
-        return result("fail", True, test.p_value, "threshold+mann_whitney",
-                      f"{_change_text(m)}, over {limit} and beyond the run-to-run spread "
-                      f"(Mann-Whitney p={p_value(test.p_value)}, n={test.n_x}/{test.n_y})")
-    return result("pass", True, test.p_value, "mann_whitney",
-                  f"{_change_text(m)}, over {limit} but within the run-to-run spread "
-                  f"(Mann-Whitney p={p_value(test.p_value)} >= {comparison.alpha:g})")
+    p = None if test is None else test.p_value
+    change, threshold, margin = budget.direction * m.delta, _limit(budget, m), noise.margin
+    exceeded = change > threshold
+    about = f"{noise_text(noise, m.unit)}{_between_runs(test, comparison.alpha)}"
+    if m.delta == 0 or change <= threshold - margin:
+        return result("pass", False, p, "threshold", f"{_change_text(m)}, within {limit} ({about})")
+    if abs(m.delta) <= floor:
+        return result("pass", exceeded, p, "floor", f"{_change_text(m)}, within the {format_value(floor, m.unit)} "
+                                                    f"floor ({about})")
+    if change > threshold + margin:
+        return result("fail", True, p, "noise", f"{_change_text(m)}, over {limit} by more than the noise ({about})")
+    return result("inconclusive", exceeded, p, "grey_zone",
+                  f"{_change_text(m)}, within the noise of {limit} ({about}): cannot tell")
 
 
 def evaluate(comparison: Comparison, budgets: list[Budget],
@@ -164,7 +186,8 @@ def verdict(comparison: Comparison, budgets: list[Budget], floors: Mapping[str, 
             *, missing_baseline: str = "pass") -> Verdict:
     """``no_baseline`` when the comparison has no baseline (exit code as ``missing_baseline``
     says: ``pass`` 0, ``fail`` 1, ``inconclusive`` 4); inconclusive when the runs are not
-    comparable or have no step time; else regression when any budget is violated; else pass."""
+    comparable or have no step time; else regression when any budget is violated; else
+    inconclusive when any is in the grey zone; else pass."""
     results = evaluate(comparison, budgets, floors)
     if isinstance(comparison.baseline, Absent):
         return Verdict(NO_BASELINE, [comparison.baseline.reason], results,
@@ -178,4 +201,7 @@ def verdict(comparison: Comparison, budgets: list[Budget], floors: Mapping[str, 
     violated = [r.message for r in results if r.violated]
     if violated:
         return Verdict(REGRESSION, violated, results, EXIT_CODES[REGRESSION])
+    grey = [r.message for r in results if r.grey]
+    if grey:
+        return Verdict(INCONCLUSIVE, grey, results, EXIT_CODES[INCONCLUSIVE])
     return Verdict(PASS, [], results, EXIT_CODES[PASS])

@@ -26,17 +26,20 @@ from typing import Any
 
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.compare.budgets import COPY_DIRECTIONS
-from stepscope.analysis.breakdown import step_breakdown, step_windows
+from stepscope.analysis.breakdown import host_breakdown, step_breakdown, step_windows
 from stepscope.analysis.comm import collective_kernels, collective_summary
 from stepscope.analysis.copies import copy_summary
-from stepscope.analysis.kernels import top_kernels
+from stepscope.analysis.kernels import top_cpu_ops, top_kernels
 from stepscope.analysis.memory import step_peaks
-from stepscope.store.rankstats.parts import GPU
+from stepscope.store.rankstats.parts import GPU, HOST, Breakdown
 from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore
 
-STEP_TIMES_SOURCE = "step_times"
 STEP_WINDOWS_SOURCE = "step_windows"
+STEP_MEASURES: tuple[str, ...] = ("gpu_ns", "cpu_ns", "wall_ns")
+"""Columns of ``step_times`` the step time can be judged on, in order of preference: device time
+(a GPU run), the training thread's CPU time (a CPU run: the measure other processes on the
+machine disturb least, docs/ci.md), wall time. ``step_source`` names them ``step_times.<column>``."""
 
 
 @dataclass(frozen=True)
@@ -55,12 +58,15 @@ class RunFacts:
     no trace of the run recorded any."""
     steps: int
     """ProfilerSteps per rank (the largest count over ranks)."""
+    threads: int | None = None
+    """torch's intra-op threads as the collector recorded them (``torch_threads`` in
+    ``sources.metadata``); None for traces recorded without the collector."""
 
     def to_json(self) -> dict[str, Any]:
         return {"run": self.run, "name": self.name, "ranks": list(self.ranks), "world_size": self.world_size,
                 "backend": self.backend, "gpu_names": list(self.gpu_names), "gpu_count": self.gpu_count,
                 "process_groups": None if self.process_groups is None else list(self.process_groups),
-                "steps": self.steps}
+                "steps": self.steps, "threads": self.threads}
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,9 @@ class RunProfile:
     """Per ``direction host_memory``: copy bandwidth (GB/s, median over ranks), bytes."""
     collectives_per_step: Maybe[dict[str, float]]
     """Collective kind -> median number issued per step: the step-structure check."""
+    cpu_ops: Maybe[list[NamedStat]] = Absent("not gathered")
+    """Per CPU operator name: time per profiled step (ns, median over ranks) and calls per step:
+    the top-ops and (without collectives) step-structure checks."""
 
 
 def _distinct(store: SQLStore, query: str, run: str) -> list[Any]:
@@ -120,7 +129,7 @@ def run_facts(store: SQLStore, run: str) -> RunFacts:
     from stepscope.errors import UsageError
 
     rows = store.sql(
-        "SELECT rank, run_name, world_size, backend, gpu_name, gpu_count, distributed_info "
+        "SELECT rank, run_name, world_size, backend, gpu_name, gpu_count, distributed_info, metadata "
         "FROM sources WHERE run = $run ORDER BY rank", {"run": run}).to_pylist()
     if not rows:
         known = _distinct(store, "SELECT DISTINCT run AS v FROM sources WHERE $run IS NOT NULL ORDER BY v", run)
@@ -143,41 +152,76 @@ def run_facts(store: SQLStore, run: str) -> RunFacts:
         gpu_count=max(counts) if counts else None,
         process_groups=_process_groups([r["distributed_info"] for r in rows]),
         steps=int(steps),
+        threads=_threads([r["metadata"] for r in rows]),
     )
 
 
-def _step_times(store: SQLStore, run: str) -> list[float]:
-    """Wall time of every training step the collector timed (empty when it timed none)."""
-    rows = store.sql("SELECT wall_ns FROM step_times WHERE run = $run ORDER BY rank, step", {"run": run})
-    return [float(v) for v in rows.column("wall_ns").to_pylist()]
+def _threads(metadata: list[str | None]) -> int | None:
+    """The largest ``torch_threads`` the collector recorded on any rank (None: not recorded)."""
+    found = []
+    for text in metadata:
+        try:
+            value = json.loads(text).get("torch_threads") if text else None
+        except (ValueError, AttributeError):
+            value = None
+        if isinstance(value, int):
+            found.append(value)
+    return max(found) if found else None
 
 
-def step_samples(store: SQLStore, run: str, *, use_step_times: bool) -> tuple[str, dict[str, Maybe[list[float]]]]:
-    """Per-step values of the step time and of each step part, and where the step time came from.
+def _step_times(store: SQLStore, run: str) -> dict[str, list[float | None]]:
+    """Every training step the collector timed: column -> values (nulls kept), per
+    :data:`STEP_MEASURES`; a column that the run's files lack (written before it existed) is all
+    null. Empty lists when it timed none."""
+    table = store.sql("SELECT * FROM step_times WHERE run = $run ORDER BY rank, step", {"run": run})
+    return {column: ([None] * table.num_rows if column not in table.column_names
+                     else [None if v is None else float(v) for v in table.column(column).to_pylist()])
+            for column in STEP_MEASURES}
 
-    The step time is the collector's ``step_times.wall_ns`` (every training step of the run) when
-    ``use_step_times``, else the step windows of :func:`~stepscope.analysis.breakdown.step_windows`
-    (the profiled steps only). The parts always come from the profiled steps' breakdown.
+
+def step_measures(store: SQLStore, run: str) -> tuple[str, ...]:
+    """The :data:`STEP_MEASURES` this run has a value of for every timed step (none without
+    ``step_times``), in order of preference."""
+    timed = _step_times(store, run)
+    return tuple(m for m in STEP_MEASURES if timed[m] and all(v is not None for v in timed[m]))
+
+
+def step_source(measures: list[tuple[str, ...]]) -> str:
+    """Where the compared runs' step time comes from: the first :data:`STEP_MEASURES` column
+    every run has (``step_times.<column>``), else the profiled steps' windows."""
+    shared = [m for m in STEP_MEASURES if all(m in have for have in measures)]
+    return f"step_times.{shared[0]}" if shared else STEP_WINDOWS_SOURCE
+
+
+def _part_samples(samples: dict[str, Maybe[list[float]]], breakdown: Breakdown, table: Maybe[Any]) -> None:
+    for metric, part in breakdown.budget_metrics().items():
+        samples[metric] = table if isinstance(table, Absent) else [
+            float(v) for v in table.column(part.column).to_pylist()]
+
+
+def step_samples(store: SQLStore, run: str, source: str) -> dict[str, Maybe[list[float]]]:
+    """Per-step values of the step time, the wall time and each step part.
+
+    The step time is ``source`` (:func:`step_source`): a ``step_times`` column (every training
+    step of the run) or the step windows of :func:`~stepscope.analysis.breakdown.step_windows`
+    (the profiled steps only). The wall time is ``step_times.wall_ns`` when the step time comes
+    from ``step_times``, else the windows too. The parts always come from the profiled steps'
+    breakdowns: the GPU's (:func:`~stepscope.analysis.breakdown.step_breakdown`) and the host's
+    (:func:`~stepscope.analysis.breakdown.host_breakdown`).
     """
     samples: dict[str, Maybe[list[float]]] = {}
-    if use_step_times:
-        source = STEP_TIMES_SOURCE
-        samples["step_time"] = _step_times(store, run)
-    else:
-        source = STEP_WINDOWS_SOURCE
+    if source == STEP_WINDOWS_SOURCE:
         windows = [float(v) for v in step_windows(store, run).column("dur_ns").to_pylist()]
         samples["step_time"] = windows or Absent("no ProfilerStep#N annotations in this run's traces")
-    breakdown = step_breakdown(store, run)
-    for metric, part in GPU.budget_metrics().items():
-        if isinstance(breakdown, Absent):
-            samples[metric] = breakdown
-        else:
-            samples[metric] = [float(v) for v in breakdown.column(part.column).to_pylist()]
-    return source, samples
-
-
-def has_step_times(store: SQLStore, run: str) -> bool:
-    return store.sql("SELECT count(*) AS n FROM step_times WHERE run = $run", {"run": run}).to_pylist()[0]["n"] > 0
+        samples["wall_time"] = samples["step_time"]
+    else:
+        timed = _step_times(store, run)
+        column = source.removeprefix("step_times.")
+        samples["step_time"] = [v for v in timed[column] if v is not None]
+        samples["wall_time"] = [v for v in timed["wall_ns"] if v is not None]
+    _part_samples(samples, GPU, step_breakdown(store, run))
+    _part_samples(samples, HOST, host_breakdown(store, run))
+    return samples
 
 
 def peak_memory_samples(store: SQLStore, run: str) -> tuple[Maybe[list[float]], str | None]:
@@ -307,10 +351,27 @@ def copy_stats(store: SQLStore, run: str) -> Maybe[list[NamedStat]]:
     return [NamedStat(key, med_bw.get(key), med_size[key]) for key in sorted(med_size)]
 
 
-def run_profile(store: SQLStore, run: str, *, use_step_times: bool) -> RunProfile:
-    """Gather everything the comparison needs about ``run``."""
+def cpu_op_stats(store: SQLStore, run: str, steps: int) -> Maybe[list[NamedStat]]:
+    """Per CPU operator name: time and calls per profiled step (median over ranks), from
+    :func:`stepscope.analysis.kernels.top_cpu_ops` (ops inside steps)."""
+    if steps == 0:
+        return Absent("no ProfilerStep#N annotations: op time per step is undefined")
+    times: dict[str, list[float]] = defaultdict(list)
+    counts: dict[str, list[float]] = defaultdict(list)
+    for row in top_cpu_ops(store, run, TOP_KERNELS).to_pylist():
+        times[row["name"]].append(row["total_ns"] / steps)
+        counts[row["name"]].append(row["count"] / steps)
+    if not times:
+        return Absent("no CPU ops in this run's traces")
+    med_t, med_c = _median_over_ranks(times), _median_over_ranks(counts)
+    return [NamedStat(name, med_t[name], med_c.get(name)) for name in sorted(med_t)]
+
+
+def run_profile(store: SQLStore, run: str, source: str) -> RunProfile:
+    """Gather everything the comparison needs about ``run``, its step time from ``source``
+    (:func:`step_source`)."""
     facts = run_facts(store, run)
-    source, samples = step_samples(store, run, use_step_times=use_step_times)
+    samples = step_samples(store, run, source)
     kernels = collective_kernels(store, run).to_pylist()
     samples["busbw"] = busbw_samples(kernels)
     samples.update(copy_bandwidth_samples(store, run))
@@ -325,4 +386,5 @@ def run_profile(store: SQLStore, run: str, *, use_step_times: bool) -> RunProfil
         collectives=collective_stats(store, run),
         copies=copy_stats(store, run),
         collectives_per_step=collectives_per_step(kernels),
+        cpu_ops=cpu_op_stats(store, run, facts.steps),
     )

@@ -125,3 +125,49 @@ def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> MannWhitney:
 def mann_whitney_less(x: Sequence[float], y: Sequence[float]) -> MannWhitney:
     """One-sided test of "y tends to be smaller than x" (the mirror of :func:`mann_whitney_greater`)."""
     return mann_whitney_greater([-v for v in x], [-v for v in y])
+
+
+MIN_NOISE = 0.02
+"""Smallest run-to-run noise of a timed metric, as a fraction of the baseline's value: three runs
+can agree by chance more closely than runs of that code do (2 %: a quiet machine's spread)."""
+
+UNSEEN_NOISE = 0.05
+"""Run-to-run noise a timed metric is assumed to have when neither side has two runs to measure
+it (5 % of the baseline's value); the gate says it assumed it."""
+
+
+@dataclass(frozen=True)
+class Noise:
+    """How much a metric moves between runs of the same code, as far as these runs show.
+
+    ``spread`` is the larger range (max - min) of the per-run values on either side (None when
+    neither side has two runs: not measured); ``margin`` is what a change must exceed beyond its
+    budget to fail, and stay below under it to pass: the spread, at least :data:`MIN_NOISE` of
+    the baseline for a timed metric, or :data:`UNSEEN_NOISE` of it when not measured.
+    """
+
+    baseline_runs: int
+    candidate_runs: int
+    spread: float | None
+    margin: float
+
+    @property
+    def measured(self) -> bool:
+        return self.spread is not None
+
+    def to_json(self) -> dict[str, float | int | bool | None]:
+        return {"baseline_runs": self.baseline_runs, "candidate_runs": self.candidate_runs,
+                "measured": self.measured, "spread": self.spread, "margin": self.margin}
+
+
+def run_noise(base: Sequence[float], cand: Sequence[float], *, timed: bool) -> Noise:
+    """The :class:`Noise` of a metric from its per-run values (each side at least one);
+    ``timed``: a time or a rate measured from times, which the machine's load moves."""
+    ranges = [max(side) - min(side) for side in (base, cand) if len(side) >= 2]
+    spread = max(ranges) if ranges else None
+    reference = abs(median(list(base)))
+    if not timed:
+        return Noise(len(base), len(cand), spread, spread or 0.0)
+    if spread is None:
+        return Noise(len(base), len(cand), None, UNSEEN_NOISE * reference)
+    return Noise(len(base), len(cand), spread, max(spread, MIN_NOISE * reference))

@@ -246,12 +246,12 @@ GPU = Breakdown(
 DATA_LOADING = Part(
     "data_loading", "data loading",
     "an `enumerate(DataLoader)#...` annotation is open (the TensorBoard plugin's rule)",
-    color="#F58518", short="data", claims=("name LIKE 'enumerate(DataLoader)#%'",))
+    color="#F58518", short="data", claims=("name LIKE 'enumerate(DataLoader)#%'",), budget_metric="data_loading")
 OPTIMIZER = Part(
     "optimizer", "optimizer",
     "an `Optimizer.step#...` or `Optimizer.zero_grad#...` annotation is open, none of the above",
     color="#B279A2", short="optimizer",
-    claims=("name LIKE 'Optimizer.step#%' OR name LIKE 'Optimizer.zero_grad#%'",))
+    claims=("name LIKE 'Optimizer.step#%' OR name LIKE 'Optimizer.zero_grad#%'",), budget_metric="optimizer")
 SYNC_WAIT = Part(
     "sync_wait", "blocked in synchronisation",
     "the host blocks in a device synchronisation (`cudaStreamSynchronize`, `cudaDeviceSynchronize`, "
@@ -259,11 +259,13 @@ SYNC_WAIT = Part(
     "called it waits for the GPU",
     color="#9D755D", short="sync",
     claims=("kind IN ('cuda_runtime', 'cuda_driver') AND (category = 'sync' OR "
-            "regexp_matches(name, '^cu(Ctx|Stream|Event)Synchronize')) AND name NOT LIKE '%StreamWaitEvent'",))
+            "regexp_matches(name, '^cu(Ctx|Stream|Event)Synchronize')) AND name NOT LIKE '%StreamWaitEvent'",),
+    budget_metric="sync_wait")
 COMPUTE_OPS = Part(
     "compute_ops", "compute ops", "any other CPU op runs (ProfilerStep#N itself excepted), none of the above",
     color="#4C78A8", short="compute ops",
-    claims=("kind = 'cpu_op' AND category IS DISTINCT FROM 'communication' AND name NOT LIKE 'ProfilerStep#%'",))
+    claims=("kind = 'cpu_op' AND category IS DISTINCT FROM 'communication' AND name NOT LIKE 'ProfilerStep#%'",),
+    budget_metric="compute_ops")
 COMMUNICATION_WAIT = Part(
     "communication_wait", "host communication: waiting for peers",
     "exposed host communication while a host-side transfer (gloo) waits for its last peer to arrive "
@@ -278,10 +280,10 @@ COMMUNICATION_OPS = Part(
     "a communication op or annotation runs (`c10d::...`, `gloo:...`, `nccl:...`; store category "
     "`communication`), none of the above: exposed host communication",
     color="#C2383A", short="comm ops", claims=("category = 'communication'",),
-    sub_parts=(COMMUNICATION_WAIT, COMMUNICATION_TRANSFER))
+    sub_parts=(COMMUNICATION_WAIT, COMMUNICATION_TRANSFER), budget_metric="communication_ops")
 OTHER = Part(
     "other", "other (no op running)", "none of these on any thread (Python, framework overhead, waiting)",
-    color="#D3D3D3", short="other")
+    color="#D3D3D3", short="other", budget_metric="host_other")
 
 COMMUNICATION_OVERLAPPED = Hidden("communication_overlapped", "communication ops under compute ops",
                                   "a communication op runs under a compute op",
