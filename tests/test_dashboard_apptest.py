@@ -18,7 +18,7 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from stepscope.analysis.summary import build_summary  # noqa: E402
-from stepscope.render.units import duration  # noqa: E402
+from stepscope.units import duration  # noqa: E402
 from stepscope.store import open_store  # noqa: E402
 from stepscope.store.ingest import ingest_paths  # noqa: E402
 from tests._dashboard_stores import build_sample_store  # noqa: E402

@@ -45,6 +45,7 @@ import pyarrow as pa
 from stepscope.analysis._local import local_sql
 from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.absent import NO_STEPS, Absent, Maybe
+from stepscope.analysis.basis import StepBasis, basis_of
 from stepscope.analysis.breakdown import step_windows
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import Finding, Results, Severity, rule
@@ -53,6 +54,7 @@ from stepscope.analysis.peaks import DevicePeak, device_peak, peak_dtype
 from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore, section
 from stepscope.store.rankstats.parts import COMPUTE
+from stepscope.units import duration
 
 FLOPS_PER_NS_PER_TFLOPS = 1e3
 """1 TFLOP/s = 1e12 FLOP / 1e9 ns = 1e3 FLOP per ns."""
@@ -346,7 +348,8 @@ MFU_MIN_STAKE_NS = 1_000_000
 """Less than 1 ms per step of compute above what peak would need is not a finding."""
 
 
-def low_mfu_findings(mfu: pa.Table, breakdown: pa.Table, families: pa.Table | Absent) -> Iterator[Finding]:
+def low_mfu_findings(mfu: pa.Table, breakdown: pa.Table, families: pa.Table | Absent,
+                     basis: StepBasis | None = None) -> Iterator[Finding]:
     """Per rank: median MFU under :data:`MFU_LOW` over its compute-bound steps (module docs);
     the time at stake is the compute time above what the products would need at peak."""
     compute = {(r["rank"], r["step"]): r for r in breakdown.to_pylist()}
@@ -373,8 +376,8 @@ def low_mfu_findings(mfu: pa.Table, breakdown: pa.Table, families: pa.Table | Ab
         advice = _advice(row, kernel_ns / compute_ns if compute_ns else 0.0)
         yield Finding(
             Severity.WARNING, "mfu.low",
-            f"MFU {value:.1%} on rank {rank} (median of {len(pairs)} compute-bound steps, compute {share:.0%} of the "
-            f"step): the products would need {ideal_ns / 1e6:.1f} ms per step at the {row['device']}'s dense "
+            f"MFU {value:.1%} on rank {rank} (median of {len(pairs)} compute-bound steps, compute "
+            f"{duration(compute_ns)} per step, {basis.of_step(compute_ns) if basis else 'share unknown'}): the products would need {ideal_ns / 1e6:.1f} ms per step at the {row['device']}'s dense "
             f"{_peak_words(row)}; compute takes {compute_ns / 1e6:.1f} ms, "
             f"of which their kernels {kernel_ns / 1e6:.1f} ms" + (f" ({', '.join(rates)})" if rates else "")
             + f": {advice}",
@@ -420,4 +423,5 @@ def mfu_low(results: Results) -> Iterator[Finding]:
     mfu = results["mfu"]
     if not isinstance(breakdown, pa.Table) or not isinstance(mfu, pa.Table):
         return
-    yield from low_mfu_findings(mfu, breakdown, results.get("flops_by_family", Absent("not computed")))
+    yield from low_mfu_findings(mfu, breakdown, results.get("flops_by_family", Absent("not computed")),
+                                basis_of(results))

@@ -2,7 +2,7 @@
 figure that matters: the pipeline's bubbles beside the schedule's ideal, MFU per step.
 
 Pure: summary JSON in (docs/SUMMARY_JSON.md), ``(title, columns, rows)`` blocks out, in the
-units of :mod:`stepscope.render.units`. ``stepscope summary`` looks a section up here and falls
+units of :mod:`stepscope.units`. ``stepscope summary`` looks a section up here and falls
 back to its generic rendering for the others.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from stepscope.render.units import MISSING, count, format_value, percent, significant
+from stepscope.units import MISSING, count, format_value, percent, significant
 
 Block = tuple[str, list[str], list[list[str]]]
 

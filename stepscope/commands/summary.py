@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from stepscope.commands._section_blocks import SECTION_BLOCKS, ns_cell
 from stepscope.errors import UsageError
 from stepscope.render.table import Column, Table, terminal_width, to_markdown, to_terminal
-from stepscope.render.units import duration, format_value, percent
+from stepscope.units import duration, format_value, percent
 from stepscope.store.location import store_location
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def _share(part: Any, whole: Any) -> str:
 
 
 def _cell(value: Any) -> str:
-    """A value of a section's JSON: numbers as :func:`~stepscope.render.units.number`, lists and
+    """A value of a section's JSON: numbers as :func:`~stepscope.units.number`, lists and
     objects as JSON."""
     if isinstance(value, (list, dict)):
         return json.dumps(value)
@@ -221,18 +221,34 @@ def _run_line(doc: dict[str, Any]) -> str:
     return f"run {facts.get('name') or doc['run']}: {_n(facts.get('ranks') or 0, 'rank')} traced{world}{backend}{gpu}"
 
 
+def _basis_line(v: dict[str, Any]) -> str:
+    """The step basis, named: what every share and per-step figure of the screen is of."""
+    b = v["basis"]
+    where = "GPU time" if v["breakdown"] == "gpu" else "host time: no GPU events"
+    spread = "" if b["min_ns"] == b["max_ns"] else \
+        f"; median {duration(b['median_ns'])}, steps {duration(b['min_ns'])} to {duration(b['max_ns'])}"
+    return (f"step time {duration(b['step_ns'])}: the mean step over {_n(v['ranks'], 'rank')} x {_n(v['steps'], 'step')}, "
+            f"the basis of every share and per-step figure below ({where}{spread})")
+
+
+def _whole_trace_lines(v: dict[str, Any]) -> list[str]:
+    """A run without steps: what the device did over its traces, and how to mark steps."""
+    whole = v.get("whole_trace")
+    if not whole:
+        return []
+    return [f"whole trace: {whole['statement']}", whole["how_to_mark_steps"]]
+
+
 def verdict_tables(doc: dict[str, Any]) -> tuple[list[str], list[Table]]:
-    """The first screen: the run and its median step in lines, then what bounds the step and
-    the top findings (untruncated, with their time at stake) as tables."""
+    """The first screen: the run and its step basis in lines, then what bounds the step and the
+    top findings (untruncated, with their time at stake) as tables."""
     v = doc["verdict"]
     lines = [_run_line(doc)]
-    step = v.get("step_ns")
-    if step is None:
+    if v.get("basis") is None:
         lines.append(f"no step time: {v.get('absent_reasons', {}).get('step_ns', 'no steps')}")
+        lines += _whole_trace_lines(v)
     else:
-        where = "GPU time" if v["breakdown"] == "gpu" else "host time: no GPU events"
-        lines.append(f"step time {duration(step)} (median over {_n(v['ranks'], 'rank')} x {_n(v['steps'], 'step')}; "
-                     f"parts of the {where})")
+        lines.append(_basis_line(v))
     corrections = v.get("clock_corrections") or []
     if corrections:
         lines.append(f"clocks aligned on rank {corrections[0]['reference_rank']}'s from the end times of matched "
@@ -243,22 +259,26 @@ def verdict_tables(doc: dict[str, Any]) -> tuple[list[str], list[Table]]:
     if v.get("bound_by"):
         out.append(Table("What bounds the step", (Column("part"), Column("share", "pct"), Column("per step", "ns")),
                          [(b["label"], 100 * b["share"], b["ns"]) for b in v["bound_by"]]))
+    elif (v.get("whole_trace") or {}).get("bound_by"):
+        whole = v["whole_trace"]
+        rows = [(b["label"], 100 * b["share"], b["ns"]) for b in whole["bound_by"]]
+        out.append(Table("Where the traced time went (no steps: over each trace's span)",
+                         (Column("part"), Column("share", "pct"), Column("time", "ns")), rows))
     findings = v.get("findings") or []
     shown = findings[:FIRST_SCREEN_FINDINGS]
     more = len(findings) - len(shown)
     note = f"{more} more: --section findings" if more > 0 else None
 
-    mean = v.get("mean_step_ns")
-
-    def share(f: dict[str, Any]) -> str:  # a mean per step, of the mean step
-        stake = f.get("time_at_stake_ns")
-        return percent(100 * stake / mean) if stake is not None and mean else "n/a"
+    def share(f: dict[str, Any]) -> str:  # a mean per step, of the basis step
+        value = f.get("share_of_step")
+        return percent(100 * value) if value is not None else "n/a"
 
     out.append(Table(
         "Findings, by time at stake per step",
         (Column("#", "count"), Column("at stake", "ns"), Column("of step"), Column("finding")),
         [(i + 1, f.get("time_at_stake_ns"), share(f), f"{f['message']} [{f['rule']}]") for i, f in enumerate(shown)]
-        or [(None, None, "", "no findings")], note))
+        or [(None, None, "", "no findings" + (" per step: the run has no steps" if v.get("basis") is None else ""))],
+        note))
     return lines, out
 
 

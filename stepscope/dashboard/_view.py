@@ -2,7 +2,7 @@
 
 Unit conversion (ns -> ms, bytes -> GiB) is presentation: the values are the analysis layer's,
 divided by a constant so that axes read in ms, GB/s and GiB. The constants are
-:mod:`stepscope.render.units`' (the one place units are defined), re-exported for the pages.
+:mod:`stepscope.units`' (the one place units are defined), re-exported for the pages.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pyarrow as pa
 import streamlit as st
 
 from stepscope.analysis.absent import Absent
-from stepscope.render.units import GIB, NS_PER_MS
+from stepscope.units import GIB, NS_PER_MS
 
 __all__ = ["GIB", "NS_PER_MS", "bar_width", "chart", "data_table", "frame", "guarded", "ns_to_ms", "shown",
            "with_units"]

@@ -23,7 +23,7 @@ from stepscope.analysis.compare.stats import MannWhitney, Spread, mann_whitney_g
 from stepscope.analysis.findings import Finding, Severity
 from stepscope.store.rankstats.parts import GPU
 from stepscope.analysis.sections import SQLStore
-from stepscope.render.units import format_value, signed_percent
+from stepscope.units import format_value, signed_percent
 
 BANDWIDTH_METRICS: tuple[tuple[str, str, str], ...] = (
     ("busbw", "bus bandwidth", "comm.collective_kernels.busbw_gbps (per step)"),

@@ -17,7 +17,7 @@ from stepscope.analysis.verdict import verdict
 from stepscope.dashboard._data import context, trace_bytes
 from stepscope.dashboard._filters import select
 from stepscope.dashboard._view import NS_PER_MS, chart, data_table, frame, guarded, ns_to_ms, shown
-from stepscope.render.units import duration, percent
+from stepscope.units import duration, percent
 
 SEVERITY_ICON = {"critical": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 # Findings listed under the verdict (the rest: in the table below them); segments drawn in the

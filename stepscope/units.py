@@ -13,7 +13,8 @@ one decimal (``12.3%``); p-values two significant digits. ``None`` reads ``n/a``
 Units are named as the analyses name them (``ns``, ``bytes``, ``gbps``, ``pct``...):
 :data:`FORMATTERS` maps each to its formatter, and :func:`format_value` dispatches on it.
 
-This module imports nothing from stepscope (a leaf): the analysis layer's messages use it too.
+It sits at the top of the package, below both the analyses and the renderers, and imports nothing
+from stepscope (a leaf): the analysis layer's messages use it as the tables do.
 """
 
 from __future__ import annotations
