@@ -99,6 +99,81 @@ def flop_ops(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> p
     return ops.cast(OPS_SCHEMA)
 
 
+# ---- ops the count skipped ----
+
+SIZED_COVERAGE_MIN = 0.9
+"""MFU needs the sized (counted) product ops' kernels to take at least this share of the kernel
+time of every product op, sized or skipped: below it the FLOP count misses too much of the work."""
+
+_SKIPPED_KERNELS = """
+WITH skipped AS (  -- leaves whose shapes give no figure, outside every counted leaf
+    SELECT rank, source, pid, tid, family, ts_ns, ts_ns + dur_ns AS end_ns FROM rank_flop_ops
+    WHERE run = $run AND {rf} AND leaf AND flops IS NULL AND NOT counted AND NOT starts_with(coalesce(reason, ''), 'inside ')
+),
+launches AS (  -- runtime and driver calls on a skipped op's thread while it ran, each once
+    SELECT DISTINCT s.rank, s.family, l.source, l.correlation
+    FROM events l JOIN skipped s ON l.source = s.source AND l.pid IS NOT DISTINCT FROM s.pid
+     AND l.tid IS NOT DISTINCT FROM s.tid
+     AND l.ts_ns >= s.ts_ns AND l.ts_ns <= s.end_ns
+    WHERE l.run = $run AND l.kind IN ('cuda_runtime', 'cuda_driver') AND l.correlation IS NOT NULL
+)
+SELECT l.rank, l.family, sum(k.dur_ns)::BIGINT AS kernel_ns, (SELECT count(*) FROM skipped s WHERE s.rank = l.rank
+       AND s.family = l.family) AS ops
+FROM launches l JOIN events k ON k.source = l.source AND k.correlation = l.correlation
+WHERE k.run = $run AND k.kind = 'kernel' AND k.category = 'compute' AND k.dur_ns IS NOT NULL
+GROUP BY l.rank, l.family
+"""
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How much of a rank's product ops' kernel time the FLOP count sized: the counted ops'
+    kernels (``sized_ns``) against those of the leaves it skipped (``skipped_ns``, ``skipped_ops``)."""
+
+    sized_ns: int
+    skipped_ns: int
+    skipped_ops: int
+
+    @property
+    def share(self) -> float | None:
+        total = self.sized_ns + self.skipped_ns
+        return self.sized_ns / total if total else None
+
+    def absence(self) -> str | None:
+        """Why MFU is not stated for this rank (too little of the products sized), or None."""
+        share = self.share
+        if share is None or share >= SIZED_COVERAGE_MIN:
+            return None
+        return (f"the FLOP count skipped {self.skipped_ops:,} product ops it could not size (no shapes, stride or "
+                f"padding recorded), whose kernels took {duration(self.skipped_ns)}: the sized ops' kernels are "
+                f"{share:.0%} of the product ops' kernel time, and MFU needs {SIZED_COVERAGE_MIN:.0%}")
+
+
+def skipped_kernels(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> dict[tuple[int, str], tuple[int, int]]:
+    """Per (rank, family): (skipped ops, the summed duration of the compute kernels they
+    launched, each kernel once), for the leaves whose shapes gave no figure."""
+    rf, extra = rank_filter(ranks)
+    none = store.sql(f"SELECT count(*) = 0 AS none FROM rank_flop_ops WHERE run = $run AND {rf} AND leaf AND flops IS NULL",
+                     {"run": run, **extra}).to_pylist()[0]["none"]
+    if none:  # the common case: nothing skipped, no scan of the launches
+        return {}
+    rows = store.sql(_SKIPPED_KERNELS.format(rf=rf), {"run": run, **extra}).to_pylist()
+    return {(r["rank"], r["family"]): (r["ops"], r["kernel_ns"] or 0) for r in rows}
+
+
+def coverage(ops: pa.Table, skipped: dict[tuple[int, str], tuple[int, int]]) -> dict[int, Coverage]:
+    """Per rank: :class:`Coverage` from the counted ops' kernels (``flop_ops``) and :func:`skipped_kernels`."""
+    sized: dict[int, int] = {}
+    for row in ops.to_pylist():
+        if row["counted"] and row["gpu_ns"]:
+            sized[row["rank"]] = sized.get(row["rank"], 0) + row["gpu_ns"]
+    out: dict[int, Coverage] = {}
+    for rank in {*sized, *(r for r, _ in skipped)}:
+        parts = [v for (r, _), v in skipped.items() if r == rank]
+        out[rank] = Coverage(sized.get(rank, 0), sum(ns for _, ns in parts), sum(n for n, _ in parts))
+    return out
+
+
 # ---- per step and per family ----
 
 
@@ -221,7 +296,8 @@ def mfu_steps(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> 
     if not per_dtype:
         return Absent(NO_STEPS)
     devices = rank_devices(store, run, ranks)
-    return pa.Table.from_pylist(list(_step_rows(per_dtype, devices)), schema=MFU_SCHEMA)
+    covered = coverage(ops, skipped_kernels(store, run, ranks))
+    return pa.Table.from_pylist(list(_step_rows(per_dtype, devices, covered)), schema=MFU_SCHEMA)
 
 
 MFU_SCHEMA = pa.schema([
@@ -233,11 +309,16 @@ MFU_SCHEMA = pa.schema([
 ])
 
 
-def _step_rows(per_dtype: list[dict[str, Any]], devices: dict[int, Device]) -> Iterator[dict[str, Any]]:
-    """One row per (rank, step) from the rows per (rank, step, dtype)."""
+def _step_rows(per_dtype: list[dict[str, Any]], devices: dict[int, Device],
+               covered: dict[int, Coverage]) -> Iterator[dict[str, Any]]:
+    """One row per (rank, step) from the rows per (rank, step, dtype); MFU absent on a rank whose
+    count sized too little of the products (:class:`Coverage`)."""
     for (rank, step), parts in _grouped(per_dtype, "rank", "step").items():
         device = devices.get(rank, Device(None, None, False))
         ideal = ideal_time(device, {(p["dtype"], p["tf32"]): p["flops"] for p in parts})
+        thin = covered[rank].absence() if rank in covered else None
+        if thin and (ideal.reason is None or not ideal.flops):
+            ideal = Ideal(ideal.flops, ideal.dtype, None, thin, None)
         step_ns = parts[0]["step_ns"]
         peak = ideal.peak_tflops
         yield {
@@ -272,19 +353,22 @@ def flops_by_family(store: SQLStore, run: str, ranks: Sequence[int] | None = Non
         FROM ops GROUP BY ALL ORDER BY rank, family, dtype NULLS LAST
     """, ops=ops).to_pylist()
     devices = rank_devices(store, run, ranks)
-    return pa.Table.from_pylist(list(_family_rows(families, devices)), schema=FAMILY_SCHEMA)
+    skipped = skipped_kernels(store, run, ranks)
+    return pa.Table.from_pylist(list(_family_rows(families, devices, skipped)), schema=FAMILY_SCHEMA)
 
 
 FAMILY_SCHEMA = pa.schema([
     ("rank", pa.int64()), ("family", pa.string()), ("ops", pa.int64()), ("uncounted_ops", pa.int64()),
-    ("flops", pa.int64()), ("kernels", pa.int64()), ("time_ns", pa.int64()), ("time_source", pa.string()),
+    ("uncounted_kernel_ns", pa.int64()), ("flops", pa.int64()), ("kernels", pa.int64()), ("time_ns", pa.int64()), ("time_source", pa.string()),
     ("achieved_tflops", pa.float64()), ("peak_tflops", pa.float64()), ("of_peak", pa.float64()),
     ("dtype", pa.string()), ("absent_reason", pa.string()),
 ])
 
 
-def _family_rows(rows: list[dict[str, Any]], devices: dict[int, Device]) -> Iterator[dict[str, Any]]:
-    """One row per (rank, family) from the rows per (rank, family, dtype)."""
+def _family_rows(rows: list[dict[str, Any]], devices: dict[int, Device],
+                 skipped: dict[tuple[int, str], tuple[int, int]]) -> Iterator[dict[str, Any]]:
+    """One row per (rank, family) from the rows per (rank, family, dtype); ``uncounted_kernel_ns``:
+    the compute kernels the uncounted leaves launched (null on a CPU-only rank)."""
     for (rank, family), parts in _grouped(rows, "rank", "family").items():
         device = devices.get(rank, Device(None, None, False))
         ideal = ideal_time(device, {(p["dtype"], p["tf32"]): p["flops"] for p in parts})
@@ -294,7 +378,9 @@ def _family_rows(rows: list[dict[str, Any]], devices: dict[int, Device]) -> Iter
                                "no time measured for these ops" if achieved is None and ideal.flops else None) if r]
         yield {
             "rank": rank, "family": family, "ops": sum(p["ops"] for p in parts),
-            "uncounted_ops": sum(p["uncounted_ops"] for p in parts), "flops": ideal.flops,
+            "uncounted_ops": sum(p["uncounted_ops"] for p in parts),
+            "uncounted_kernel_ns": skipped.get((rank, family), (0, 0))[1] if device.gpu else None,
+            "flops": ideal.flops,
             "kernels": sum(p["kernels"] or 0 for p in parts) if device.gpu else None,
             "time_ns": time_ns, "time_source": "gpu_kernels" if device.gpu else "cpu_ops",
             "achieved_tflops": achieved, "peak_tflops": peak,
@@ -325,7 +411,7 @@ def mfu_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe
     return mfu_steps(store, run, ranks)
 
 
-FAMILY_KEYS = ("rank", "family", "ops", "uncounted_ops", "flops", "kernels", "time_ns", "time_source",
+FAMILY_KEYS = ("rank", "family", "ops", "uncounted_ops", "uncounted_kernel_ns", "flops", "kernels", "time_ns", "time_source",
                "achieved_tflops", "peak_tflops", "of_peak", "dtype")
 
 

@@ -60,8 +60,10 @@ def bound_by(table: pa.Table, breakdown: Breakdown, step_ns: float, waits_known:
 
 
 def run_facts(store: SQLStore, run: str) -> dict[str, Any]:
-    """What the first line says about the run: its name, ranks traced, world size, backend, GPU."""
-    rows = store.sql("SELECT name, ranks, world_size, backend, gpu_name, gpu_count FROM runs WHERE run = $run",
+    """What the first line says about the run: its name, ranks traced, world size, backend, GPU;
+    ``start_ns``, the start of its earliest trace, is what times in the tables are relative to."""
+    rows = store.sql("SELECT name, ranks, world_size, backend, gpu_name, gpu_count, "
+                     "(SELECT min(trace_start_ns) FROM sources WHERE run = $run) AS start_ns FROM runs WHERE run = $run",
                      {"run": run}).to_pylist()
     return rows[0] if rows else {"name": run}
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from stepscope.commands._section_blocks import SECTION_BLOCKS, ns_cell
 from stepscope.errors import UsageError
 from stepscope.render.table import Column, Table, terminal_width, to_markdown, to_terminal
-from stepscope.units import duration, format_value, percent
+from stepscope.units import duration, for_key, format_value, percent
 from stepscope.store.location import store_location
 
 if TYPE_CHECKING:
@@ -65,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(doc, indent=1))
     elif args.format == "markdown":
-        print(render_markdown(doc, sections))
+        print(render_markdown(doc, sections, full_names=args.verbose))
     else:
-        print(render_table(doc, terminal_width(), sections))
+        print(render_table(doc, terminal_width(), sections, full_names=args.verbose))
     return 0
 
 
@@ -96,14 +96,13 @@ def _share(part: Any, whole: Any) -> str:
     return format_value(100 * part / whole if part is not None and whole else None, "pct")
 
 
-def _cell(value: Any) -> str:
-    """A value of a section's JSON: numbers as :func:`~stepscope.units.number`, lists and
-    objects as JSON."""
-    if isinstance(value, (list, dict)):
+def _cell(value: Any, key: str = "", origin: float | None = None, full_names: bool = False) -> str:
+    """A value of a section's JSON in human units by its key (:func:`stepscope.units.for_key`):
+    durations, sizes, rates, hex addresses, times since the run's start, names shortened
+    (whole with ``--verbose``); objects as JSON."""
+    if isinstance(value, dict) or isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
         return json.dumps(value)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return format_value(value, "number")
-    return format_value(value, "text")
+    return for_key(key, value, origin, full_names)
 
 
 def _table_columns(breakdown: Breakdown) -> list[tuple[str, str]]:
@@ -152,21 +151,42 @@ def _rank_blocks(rank: dict[str, Any]) -> Iterator[Block]:
                  ns_cell(s["max_ns"]), format_value(s["spread_pct"], "pct")] for s in stats])
 
 
-def _generic_blocks(title: str, value: Any) -> Iterator[Block]:
-    """Any section's JSON as blocks: lists of objects become tables, objects key/value rows."""
+def _scalar(value: Any) -> bool:
+    """A cell: a scalar, or a non-empty list of scalars (ranks, steps)."""
+    if isinstance(value, list):
+        return bool(value) and all(not isinstance(v, (dict, list)) for v in value)
+    return not isinstance(value, dict)
+
+
+_UNIT_SUFFIXES = ("_ns", "_bytes", "_gbps")
+
+
+def _header(key: str) -> str:
+    """A column's header: its key without the unit suffix its cells now spell out."""
+    for suffix in _UNIT_SUFFIXES:
+        if key.endswith(suffix) and key != suffix[1:]:
+            return key.removesuffix(suffix)
+    return key
+
+
+def _generic_blocks(title: str, value: Any, origin: float | None = None, full_names: bool = False) -> Iterator[Block]:
+    """Any section's JSON as blocks, in human units by key: lists of objects become tables (the
+    ``run`` column left out: the first line names the run), objects key/value rows."""
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
         cols: list[str] = []
         for v in value:
-            cols.extend(k for k in v if k not in cols and not isinstance(v[k], (dict, list)))
-        yield (title, cols, [[_cell(v.get(c)) for c in cols] for v in value])
+            cols.extend(k for k in v if k not in cols and k not in ("run", "absent_reasons") and _scalar(v[k]))
+        yield (title, [_header(c) for c in cols], [[_cell(v.get(c), c, origin, full_names) for c in cols] for v in value])
+        yield from _why_absent(title, value)
     elif isinstance(value, dict):
-        scalars = [[k, _cell(v)] for k, v in value.items() if not isinstance(v, (dict, list)) and k != "absent_reasons"]
+        scalars = [[_header(k), _cell(v, k, origin, full_names)] for k, v in value.items()
+                   if _scalar(v) and k != "absent_reasons"]
         scalars += [[f"{k} (absent)", why] for k, why in value.get("absent_reasons", {}).items()]
         if scalars:
             yield (title, ["key", "value"], scalars)
         for k, v in value.items():
-            if isinstance(v, (dict, list)) and k != "absent_reasons":
-                yield from _generic_blocks(f"{title}: {k}", v)
+            if not _scalar(v) and k != "absent_reasons" and v:
+                yield from _generic_blocks(f"{title}: {k}", v, origin, full_names)
     elif isinstance(value, list):
         if value:
             yield (title, ["value"], [[_cell(v)] for v in value])
@@ -174,12 +194,21 @@ def _generic_blocks(title: str, value: Any) -> Iterator[Block]:
         yield (title, ["value"], [[_cell(value)]])
 
 
+def _why_absent(title: str, rows: list[dict[str, Any]]) -> Iterator[Block]:
+    """The distinct reasons the rows' n/a cells carry, once each (a reason per cell would bury the table)."""
+    reasons = sorted({(k, why) for r in rows for k, why in (r.get("absent_reasons") or {}).items()})
+    if reasons:
+        yield (f"{title}: why n/a", ["key", "reason"], [[k, why] for k, why in reasons])
+
+
 _RESERVED = ("summary_version", "run", "ranks", "findings", "verdict", "absent_reasons")
 
 
-def blocks(doc: dict[str, Any], sections: tuple[str, ...] | None = None) -> Iterator[Block]:
+def blocks(doc: dict[str, Any], sections: tuple[str, ...] | None = None, full_names: bool = False) -> Iterator[Block]:
     """The summary's sections as blocks, in document order, findings last (``sections``: only
-    those; None: every one)."""
+    those; None: every one; ``full_names``: kernel and op names whole, as ``--verbose`` shows them)."""
+    origin = (doc.get("verdict") or {}).get("run", {}).get("start_ns")
+
     def wanted(name: str) -> bool:
         return sections is None or name in sections
 
@@ -192,7 +221,8 @@ def blocks(doc: dict[str, Any], sections: tuple[str, ...] | None = None) -> Iter
         if value is None:
             yield (key, ["absent"], [[doc.get("absent_reasons", {}).get(key, "")]])
         else:
-            yield from SECTION_BLOCKS.get(key, _generic_blocks)(key, value)
+            special = SECTION_BLOCKS.get(key)
+            yield from special(key, value, origin) if special else _generic_blocks(key, value, origin, full_names)
     if wanted("findings"):
         findings = doc.get("findings") or []
         yield ("findings", ["severity", "rule", "ranks", "at stake", "finding"],
@@ -286,24 +316,25 @@ def _hint(doc: dict[str, Any]) -> str:
     return f"per rank and per section: --section NAME ({', '.join(known_sections(doc))}) or --verbose"
 
 
-def tables(doc: dict[str, Any], sections: tuple[str, ...] | None = None) -> list[Table]:
+def tables(doc: dict[str, Any], sections: tuple[str, ...] | None = None, full_names: bool = False) -> list[Table]:
     """The summary's sections as tables of the one table model, in document order."""
-    return [Table.of_text(title, cols, rows) for title, cols, rows in blocks(doc, sections)]
+    return [Table.of_text(title, cols, rows) for title, cols, rows in blocks(doc, sections, full_names)]
 
 
-def render_table(doc: dict[str, Any], width: int | None = None, sections: tuple[str, ...] = ()) -> str:
+def render_table(doc: dict[str, Any], width: int | None = None, sections: tuple[str, ...] = (),
+                 full_names: bool = False) -> str:
     """Plain text for the terminal: the verdict screen, then the sections asked for."""
     lines, first = verdict_tables(doc)
     text = "\n".join(lines) + "\n\n" + to_terminal(first, width)
     if sections:
-        return text + "\n\n" + to_terminal(tables(doc, sections), width)
+        return text + "\n\n" + to_terminal(tables(doc, sections, full_names), width)
     return text + "\n\n" + _hint(doc)
 
 
-def render_markdown(doc: dict[str, Any], sections: tuple[str, ...] = ()) -> str:
+def render_markdown(doc: dict[str, Any], sections: tuple[str, ...] = (), full_names: bool = False) -> str:
     """Markdown (for CI comments and reports): the verdict, then the sections asked for."""
     lines, first = verdict_tables(doc)
     out = [f"# stepscope summary: run `{doc['run']}`", "", *(f"{line}  " for line in lines), ""]
     out += [to_markdown(t, level=2) for t in first]
-    out += [to_markdown(t, level=2) for t in tables(doc, sections)] if sections else [f"_{_hint(doc)}_"]
+    out += [to_markdown(t, level=2) for t in tables(doc, sections, full_names)] if sections else [f"_{_hint(doc)}_"]
     return "\n".join(out).rstrip()
