@@ -321,11 +321,16 @@ def tables(doc: dict[str, Any], sections: tuple[str, ...] | None = None, full_na
     return [Table.of_text(title, cols, rows) for title, cols, rows in blocks(doc, sections, full_names)]
 
 
+def first_screen(doc: dict[str, Any], width: int | None = None) -> str:
+    """The verdict screen as plain text: what ``stepscope summary`` and ``stepscope demo`` print first."""
+    lines, first = verdict_tables(doc)
+    return "\n".join(lines) + "\n\n" + to_terminal(first, width)
+
+
 def render_table(doc: dict[str, Any], width: int | None = None, sections: tuple[str, ...] = (),
                  full_names: bool = False) -> str:
     """Plain text for the terminal: the verdict screen, then the sections asked for."""
-    lines, first = verdict_tables(doc)
-    text = "\n".join(lines) + "\n\n" + to_terminal(first, width)
+    text = first_screen(doc, width)
     if sections:
         return text + "\n\n" + to_terminal(tables(doc, sections, full_names), width)
     return text + "\n\n" + _hint(doc)
