@@ -131,7 +131,7 @@ def show_timeline(findings: list) -> None:
         cut = len(data) - len(keep)
         data = data.loc[keep]
     lanes = sorted(data["rank"].unique())
-    color = alt.Color("label:N", title="part", sort=[p.label for p in order], legend=alt.Legend(labelLimit=300),
+    color = alt.Color("label:N", title="part", sort=[p.label for p in order], legend=alt.Legend(labelLimit=0, orient="bottom", columns=3),
                       scale=alt.Scale(domain=[p.label for p in order], range=[p.color for p in order]))
     y = alt.Y("rank:O", title="rank", sort=lanes, axis=alt.Axis(labelOverlap=len(lanes) > 32))
     layers = [alt.Chart(data).mark_bar(height=max(6, min(28, 360 // max(len(lanes), 1)))).encode(
@@ -198,7 +198,7 @@ def breakdown_charts(steps, parts: tuple[Part, ...], key: str) -> None:
     long["ms"] = long["ns"] / NS_PER_MS
     long["step_ms"] = long["dur_ns"] / NS_PER_MS
     long["order"] = long["part_col"].map({c: i for i, c in enumerate(labels)})
-    color = alt.Color("part:N", title="part", sort=list(labels.values()), legend=alt.Legend(labelLimit=260),
+    color = alt.Color("part:N", title="part", sort=list(labels.values()), legend=alt.Legend(labelLimit=0, orient="bottom", columns=3),
                       scale=alt.Scale(domain=list(labels.values()), range=[p.color for p in parts]))
     order = alt.Order("order:Q")
     tooltip = [alt.Tooltip("rank:O"), alt.Tooltip("step:O"), alt.Tooltip("part:N"),
