@@ -74,14 +74,13 @@ def test_editing_or_adding_any_analysis_module_changes_the_key(tmp_path: Path) -
     real = Path(cache.__file__).resolve().parent
     names = {p.relative_to(real.parent).as_posix() for p in cache.code_files(real)}
     assert {"analysis/breakdown.py", "analysis/compare/gate.py", "analysis/cache.py", "store/rankstats/parts.py",
-            "render/units.py"} <= names
+            "units.py"} <= names
     assert names >= {p.relative_to(real.parent).as_posix() for p in real.rglob("*.py")}
     root = tmp_path / "stepscope"
     shutil.copytree(real, root / "analysis", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(real.parent / "store" / "rankstats", root / "store" / "rankstats",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "render").mkdir()
-    shutil.copy2(real.parent / "render" / "units.py", root / "render" / "units.py")
+    shutil.copy2(real.parent / "units.py", root / "units.py")
     package = root / "analysis"
     before = cache.code_hash(cache.code_files(package), root)
     assert before == cache.CODE_HASH  # the same files as the installed package

@@ -42,15 +42,23 @@ def test_layer_imports(layer: str) -> None:
                 assert not (name == banned or name.startswith(banned + ".")), f"{path} imports {name}"
 
 
-RENDER_LEAVES = {"units.py": set(), "table.py": {"stepscope.render.units"}}
-"""Render modules that import nothing else of stepscope: the analysis layer formats its messages
-with units.py, and the table model must not drag the analyses into whoever draws a table."""
+LEAVES = {"units.py": set(), "render/table.py": {"stepscope.units"}}
+"""Modules that import (almost) nothing else of stepscope: the analysis layer and the renderers
+format through units.py, and the table model must not drag the analyses into whoever draws a table."""
 
 
-@pytest.mark.parametrize("leaf", list(RENDER_LEAVES))
-def test_render_leaves_import_nothing_from_stepscope(leaf: str) -> None:
-    names = {n for n in _imports(PACKAGE / "render" / leaf) if n.startswith("stepscope")}
-    assert names <= RENDER_LEAVES[leaf], names
+@pytest.mark.parametrize("leaf", list(LEAVES))
+def test_leaves_import_nothing_from_stepscope(leaf: str) -> None:
+    names = {n for n in _imports(PACKAGE / leaf) if n.startswith("stepscope")}
+    assert names <= LEAVES[leaf], names
+
+
+def test_analysis_does_not_import_render() -> None:
+    """render draws what analysis computes: an import the other way is an arrow back up (the
+    units both need live below both, in stepscope/units.py)."""
+    for path in (PACKAGE / "analysis").rglob("*.py"):
+        bad = {n for n in _imports(path) if n == "stepscope.render" or n.startswith("stepscope.render.")}
+        assert not bad, f"{path} imports {sorted(bad)}"
 
 
 def _module_name(path: Path) -> str:

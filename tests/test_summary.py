@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pytest
 
+from stepscope.units import duration
 from stepscope.analysis.absent import NO_GPU_EVENTS, NO_STEPS
 from stepscope.analysis.breakdown import host_breakdown, step_breakdown
 from stepscope.analysis.findings import RULES, evaluate
@@ -223,7 +224,9 @@ def test_gpu_idle_rule(ingested: Callable[[str], Path]) -> None:
     idle = sum(r["idle_ns"] for r in rows.values())
     assert finding.evidence["idle_pct"] == pytest.approx(100 * idle / sum(r["dur_ns"] for r in rows.values()), abs=0.01)
     assert finding.time_at_stake_ns == round(idle / len(rows)) and finding.ranks == (1,)
-    assert finding.message.startswith(f"rank 1: GPU idle {finding.evidence['idle_pct']:.0f}% of the step")
+    # one rank: its summed idle over its summed windows is the share of the mean step (the basis)
+    assert finding.message.startswith(f"rank 1: GPU idle {duration(finding.time_at_stake_ns)} per step "
+                                      f"({finding.evidence['idle_pct']:.0f}% of the mean step")
     assert "step 3 at 48%" in finding.message
     assert _findings(ingested, UNSTEADY, "gpu.idle") == []
 

@@ -40,7 +40,10 @@ def test_verdict_is_the_median_step_its_parts_and_the_findings(late) -> None:
     expected = sorted(((n, s) for n, s in shares.items() if s >= 0.05), key=lambda x: -x[1])[:4]
     assert [(b["part"], b["share"]) for b in v["bound_by"]] == [(n, round(s, 4)) for n, s in expected]
     assert v["bound_by"][0]["part"] == "communication_wait"  # two of three ranks wait ~30 ms of ~33
-    assert all(b["ns"] == round(shares[b["part"]] * median(r["dur_ns"] for r in rows)) for b in v["bound_by"])
+    mean = sum(r["dur_ns"] for r in rows) / len(rows)
+    assert v["basis"]["step_ns"] == v["mean_step_ns"] == round(mean) and v["basis"]["windows"] == len(rows)
+    assert all(b["ns"] == round(shares[b["part"]] * mean) for b in v["bound_by"])  # of the basis, the mean step
+    assert all(f["share_of_step"] == round(f["time_at_stake_ns"] / mean, 4) for f in v["findings"])
     assert v["findings"] == doc["findings"] and v["findings"][0]["rule"] == "comm.late_rank"
     stakes = [f["time_at_stake_ns"] for f in v["findings"]]
     assert all(isinstance(s, int) for s in stakes) and stakes == sorted(stakes, reverse=True)

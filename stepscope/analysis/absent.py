@@ -40,6 +40,8 @@ Maybe = Union[T, Absent]
 NO_GPU_EVENTS = "no GPU events (kernel, memcpy, memset) in this rank's trace"
 NO_STEPS = "no ProfilerStep#N annotations in this rank's trace"
 NO_COMMUNICATION = "no communication kernels in this rank's trace"
+NO_DATALOADER = ("no enumerate(DataLoader)#... annotations in this rank's trace: its data loading is not "
+                 "recorded (it counts among the other host work)")
 
 
 def missing_rank(rank: int, present: list[int] | tuple[int, ...]) -> str:

@@ -43,10 +43,10 @@ log = logging.getLogger(__name__)
 def code_files(package: Path) -> list[Path]:
     """What cached results depend on: every module under ``package`` (the analysis package,
     subpackages included), the store's per-rank SQL beside it (``store/rankstats``: the part
-    catalogue and the queries the analyses share with ingest) and :mod:`stepscope.render.units`,
+    catalogue and the queries the analyses share with ingest) and :mod:`stepscope.units`,
     whose formatters write the findings' messages."""
     return [*sorted(package.rglob("*.py")), *sorted((package.parent / "store" / "rankstats").rglob("*.py")),
-            package.parent / "render" / "units.py"]
+            package.parent / "units.py"]
 
 
 def code_hash(files: list[Path], root: Path) -> str:

@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 from stepscope.analysis._local import local_sql
 from stepscope.analysis._sql import rank_filter, sql_list
 from stepscope.analysis.absent import Absent, Maybe
+from stepscope.analysis.basis import basis_of, quoted_rank
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ranks_phrase, rule
 from stepscope.analysis.matching import POINT_TO_POINT, clock_offsets, collective_ctes, collective_rows
@@ -45,7 +46,7 @@ from stepscope.analysis.pipeline import PipelineResult
 from stepscope.store.rankstats.parts import COMM_EXPOSED, COMMUNICATION_OPS, COMPUTE, COMPUTE_OPS, PEER_WAITS
 from stepscope.analysis.quantiles import median, median_sql
 from stepscope.analysis.sections import SQLStore, section
-from stepscope.render.units import duration
+from stepscope.units import duration
 
 SIZE_BUCKETS: tuple[tuple[int, str], ...] = (
     (0, "<64KiB"),
@@ -588,8 +589,11 @@ def exposed_rule(results: Results) -> Iterator[Finding]:
         parts = [f"{r['collectives'] or 'collectives of unknown kind'} {_where(r)} (process group "
                  f"{r['pg_desc'] or r['pg_name'] or 'unknown'}, {100 * r['exposed_transfer_ns'] / worst['total']:.0f}%)"
                  for r in worst["rows"][:2]]
+        basis = basis_of(results)
+        spread = quoted_rank(ranks, worst["rank"], {i["rank"]: i["per_step"] for i in items})
         message = (f"{ranks_phrase(ranks)}: communication transfers exposed for {duration(worst['per_step'])} per step "
-                   f"({worst['pct']:.0f}% of the step), mostly {' and '.join(parts)}: overlap with compute is poor")
+                   f"({basis.of_step(worst['per_step']) if basis else 'share unknown'}{'; ' + spread if spread else ''}), "
+                   f"mostly {' and '.join(parts)}: overlap with compute is poor")
         if worst["rank"] in stages:
             message += ("; the point-to-point transfers between pipeline stages are left out (waiting for the "
                         "neighbour stage: the pipeline's bubble, pipeline.bubble)")

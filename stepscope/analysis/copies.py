@@ -27,11 +27,12 @@ import pyarrow as pa
 from stepscope.analysis._local import local_sql
 from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.absent import Absent, Maybe
+from stepscope.analysis.basis import basis_of, quoted_rank
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ranks_phrase, rule
 from stepscope.analysis.quantiles import quantile_sql
 from stepscope.analysis.sections import SQLStore, section
-from stepscope.render.units import duration
+from stepscope.units import bandwidth, duration, size
 
 LINK_PEAKS: tuple[tuple[str, str, float], ...] = (
     (r"GH200|GB200|GB300|Grace", "NVLink-C2C", 450.0),
@@ -233,14 +234,17 @@ def exposed_rule(results: Results) -> Iterator[Finding]:
         flagged.setdefault(direction, []).append({
             "rank": rank, "pct": pct, "exposed_ns": exposed_ns, "per_step": exposed_ns / steps[rank],
             "dur_ns": sum(r["dur_ns"] for r in rows), "bytes": sum(r["bytes"] or 0 for r in rows)})
+    basis = basis_of(results)
     for direction, rows in flagged.items():
         worst = max(rows, key=lambda r: r["per_step"])
         ranks = tuple(r["rank"] for r in rows)
+        spread = quoted_rank(ranks, worst["rank"], {r["rank"]: r["per_step"] for r in rows})
         yield Finding(
             Severity.WARNING,
             "copies.exposed",
             f"{ranks_phrase(ranks)}: {direction.upper()} copies exposed for {duration(worst['per_step'])} per step "
-            f"({worst['pct']:.0f}% of the step; {worst['bytes'] / 1e9:.2f} GB, "
+            f"({basis.of_step(worst['per_step']) if basis else 'share unknown'}{'; ' + spread if spread else ''}; "
+            f"{size(worst['bytes'])}, "
             f"{100 * (1 - worst['exposed_ns'] / worst['dur_ns']):.0f}% hidden under compute): "
             f"{_EXPOSED_ADVICE[direction]}",
             {"ranks": list(ranks), "direction": direction, "worst_rank": worst["rank"],
@@ -279,8 +283,8 @@ def pageable_rule(results: Results) -> Iterator[Finding]:
         yield Finding(
             Severity.WARNING,
             "copies.pageable",
-            f"{ranks_phrase(ranks)}: {what} pageable memory: {worst['bytes'] / 1e9:.2f} GB at "
-            f"{worst['bandwidth_gbps']:.1f} GB/s{peak}{cost}: pin host memory",
+            f"{ranks_phrase(ranks)}: {what} pageable memory: {size(worst['bytes'])} at "
+            f"{bandwidth(worst['bandwidth_gbps'])}{peak}{cost}: pin host memory",
             {"ranks": list(ranks), "direction": direction, "worst_rank": worst["rank"], "bytes": worst["bytes"],
              "count": worst["count"], "bandwidth_gbps": worst["bandwidth_gbps"], "pct_of_peak": worst["pct_of_peak"],
              "exposed_ns_per_step": None if worst["per_step"] is None else round(worst["per_step"])},

@@ -45,6 +45,7 @@ import pyarrow as pa
 from stepscope.analysis._local import local_sql
 from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.absent import NO_STEPS, Absent, Maybe
+from stepscope.analysis.basis import StepBasis, basis_of
 from stepscope.analysis.breakdown import step_windows
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import Finding, Results, Severity, rule
@@ -53,6 +54,7 @@ from stepscope.analysis.peaks import DevicePeak, device_peak, peak_dtype
 from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore, section
 from stepscope.store.rankstats.parts import COMPUTE
+from stepscope.units import duration
 
 FLOPS_PER_NS_PER_TFLOPS = 1e3
 """1 TFLOP/s = 1e12 FLOP / 1e9 ns = 1e3 FLOP per ns."""
@@ -95,6 +97,81 @@ def flop_ops(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> p
         ORDER BY o.rank, o.ts_ns, o.source, o.pid, o.tid, o.dur_ns DESC, o.leaf, o.name
     """, {"run": run, **extra})
     return ops.cast(OPS_SCHEMA)
+
+
+# ---- ops the count skipped ----
+
+SIZED_COVERAGE_MIN = 0.9
+"""MFU needs the sized (counted) product ops' kernels to take at least this share of the kernel
+time of every product op, sized or skipped: below it the FLOP count misses too much of the work."""
+
+_SKIPPED_KERNELS = """
+WITH skipped AS (  -- leaves whose shapes give no figure, outside every counted leaf
+    SELECT rank, source, pid, tid, family, ts_ns, ts_ns + dur_ns AS end_ns FROM rank_flop_ops
+    WHERE run = $run AND {rf} AND leaf AND flops IS NULL AND NOT counted AND NOT starts_with(coalesce(reason, ''), 'inside ')
+),
+launches AS (  -- runtime and driver calls on a skipped op's thread while it ran, each once
+    SELECT DISTINCT s.rank, s.family, l.source, l.correlation
+    FROM events l JOIN skipped s ON l.source = s.source AND l.pid IS NOT DISTINCT FROM s.pid
+     AND l.tid IS NOT DISTINCT FROM s.tid
+     AND l.ts_ns >= s.ts_ns AND l.ts_ns <= s.end_ns
+    WHERE l.run = $run AND l.kind IN ('cuda_runtime', 'cuda_driver') AND l.correlation IS NOT NULL
+)
+SELECT l.rank, l.family, sum(k.dur_ns)::BIGINT AS kernel_ns, (SELECT count(*) FROM skipped s WHERE s.rank = l.rank
+       AND s.family = l.family) AS ops
+FROM launches l JOIN events k ON k.source = l.source AND k.correlation = l.correlation
+WHERE k.run = $run AND k.kind = 'kernel' AND k.category = 'compute' AND k.dur_ns IS NOT NULL
+GROUP BY l.rank, l.family
+"""
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How much of a rank's product ops' kernel time the FLOP count sized: the counted ops'
+    kernels (``sized_ns``) against those of the leaves it skipped (``skipped_ns``, ``skipped_ops``)."""
+
+    sized_ns: int
+    skipped_ns: int
+    skipped_ops: int
+
+    @property
+    def share(self) -> float | None:
+        total = self.sized_ns + self.skipped_ns
+        return self.sized_ns / total if total else None
+
+    def absence(self) -> str | None:
+        """Why MFU is not stated for this rank (too little of the products sized), or None."""
+        share = self.share
+        if share is None or share >= SIZED_COVERAGE_MIN:
+            return None
+        return (f"the FLOP count skipped {self.skipped_ops:,} product ops it could not size (no shapes, stride or "
+                f"padding recorded), whose kernels took {duration(self.skipped_ns)}: the sized ops' kernels are "
+                f"{share:.0%} of the product ops' kernel time, and MFU needs {SIZED_COVERAGE_MIN:.0%}")
+
+
+def skipped_kernels(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> dict[tuple[int, str], tuple[int, int]]:
+    """Per (rank, family): (skipped ops, the summed duration of the compute kernels they
+    launched, each kernel once), for the leaves whose shapes gave no figure."""
+    rf, extra = rank_filter(ranks)
+    none = store.sql(f"SELECT count(*) = 0 AS none FROM rank_flop_ops WHERE run = $run AND {rf} AND leaf AND flops IS NULL",
+                     {"run": run, **extra}).to_pylist()[0]["none"]
+    if none:  # the common case: nothing skipped, no scan of the launches
+        return {}
+    rows = store.sql(_SKIPPED_KERNELS.format(rf=rf), {"run": run, **extra}).to_pylist()
+    return {(r["rank"], r["family"]): (r["ops"], r["kernel_ns"] or 0) for r in rows}
+
+
+def coverage(ops: pa.Table, skipped: dict[tuple[int, str], tuple[int, int]]) -> dict[int, Coverage]:
+    """Per rank: :class:`Coverage` from the counted ops' kernels (``flop_ops``) and :func:`skipped_kernels`."""
+    sized: dict[int, int] = {}
+    for row in ops.to_pylist():
+        if row["counted"] and row["gpu_ns"]:
+            sized[row["rank"]] = sized.get(row["rank"], 0) + row["gpu_ns"]
+    out: dict[int, Coverage] = {}
+    for rank in {*sized, *(r for r, _ in skipped)}:
+        parts = [v for (r, _), v in skipped.items() if r == rank]
+        out[rank] = Coverage(sized.get(rank, 0), sum(ns for _, ns in parts), sum(n for n, _ in parts))
+    return out
 
 
 # ---- per step and per family ----
@@ -219,7 +296,8 @@ def mfu_steps(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> 
     if not per_dtype:
         return Absent(NO_STEPS)
     devices = rank_devices(store, run, ranks)
-    return pa.Table.from_pylist(list(_step_rows(per_dtype, devices)), schema=MFU_SCHEMA)
+    covered = coverage(ops, skipped_kernels(store, run, ranks))
+    return pa.Table.from_pylist(list(_step_rows(per_dtype, devices, covered)), schema=MFU_SCHEMA)
 
 
 MFU_SCHEMA = pa.schema([
@@ -231,11 +309,16 @@ MFU_SCHEMA = pa.schema([
 ])
 
 
-def _step_rows(per_dtype: list[dict[str, Any]], devices: dict[int, Device]) -> Iterator[dict[str, Any]]:
-    """One row per (rank, step) from the rows per (rank, step, dtype)."""
+def _step_rows(per_dtype: list[dict[str, Any]], devices: dict[int, Device],
+               covered: dict[int, Coverage]) -> Iterator[dict[str, Any]]:
+    """One row per (rank, step) from the rows per (rank, step, dtype); MFU absent on a rank whose
+    count sized too little of the products (:class:`Coverage`)."""
     for (rank, step), parts in _grouped(per_dtype, "rank", "step").items():
         device = devices.get(rank, Device(None, None, False))
         ideal = ideal_time(device, {(p["dtype"], p["tf32"]): p["flops"] for p in parts})
+        thin = covered[rank].absence() if rank in covered else None
+        if thin and (ideal.reason is None or not ideal.flops):
+            ideal = Ideal(ideal.flops, ideal.dtype, None, thin, None)
         step_ns = parts[0]["step_ns"]
         peak = ideal.peak_tflops
         yield {
@@ -270,19 +353,22 @@ def flops_by_family(store: SQLStore, run: str, ranks: Sequence[int] | None = Non
         FROM ops GROUP BY ALL ORDER BY rank, family, dtype NULLS LAST
     """, ops=ops).to_pylist()
     devices = rank_devices(store, run, ranks)
-    return pa.Table.from_pylist(list(_family_rows(families, devices)), schema=FAMILY_SCHEMA)
+    skipped = skipped_kernels(store, run, ranks)
+    return pa.Table.from_pylist(list(_family_rows(families, devices, skipped)), schema=FAMILY_SCHEMA)
 
 
 FAMILY_SCHEMA = pa.schema([
     ("rank", pa.int64()), ("family", pa.string()), ("ops", pa.int64()), ("uncounted_ops", pa.int64()),
-    ("flops", pa.int64()), ("kernels", pa.int64()), ("time_ns", pa.int64()), ("time_source", pa.string()),
+    ("uncounted_kernel_ns", pa.int64()), ("flops", pa.int64()), ("kernels", pa.int64()), ("time_ns", pa.int64()), ("time_source", pa.string()),
     ("achieved_tflops", pa.float64()), ("peak_tflops", pa.float64()), ("of_peak", pa.float64()),
     ("dtype", pa.string()), ("absent_reason", pa.string()),
 ])
 
 
-def _family_rows(rows: list[dict[str, Any]], devices: dict[int, Device]) -> Iterator[dict[str, Any]]:
-    """One row per (rank, family) from the rows per (rank, family, dtype)."""
+def _family_rows(rows: list[dict[str, Any]], devices: dict[int, Device],
+                 skipped: dict[tuple[int, str], tuple[int, int]]) -> Iterator[dict[str, Any]]:
+    """One row per (rank, family) from the rows per (rank, family, dtype); ``uncounted_kernel_ns``:
+    the compute kernels the uncounted leaves launched (null on a CPU-only rank)."""
     for (rank, family), parts in _grouped(rows, "rank", "family").items():
         device = devices.get(rank, Device(None, None, False))
         ideal = ideal_time(device, {(p["dtype"], p["tf32"]): p["flops"] for p in parts})
@@ -292,7 +378,9 @@ def _family_rows(rows: list[dict[str, Any]], devices: dict[int, Device]) -> Iter
                                "no time measured for these ops" if achieved is None and ideal.flops else None) if r]
         yield {
             "rank": rank, "family": family, "ops": sum(p["ops"] for p in parts),
-            "uncounted_ops": sum(p["uncounted_ops"] for p in parts), "flops": ideal.flops,
+            "uncounted_ops": sum(p["uncounted_ops"] for p in parts),
+            "uncounted_kernel_ns": skipped.get((rank, family), (0, 0))[1] if device.gpu else None,
+            "flops": ideal.flops,
             "kernels": sum(p["kernels"] or 0 for p in parts) if device.gpu else None,
             "time_ns": time_ns, "time_source": "gpu_kernels" if device.gpu else "cpu_ops",
             "achieved_tflops": achieved, "peak_tflops": peak,
@@ -323,7 +411,7 @@ def mfu_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe
     return mfu_steps(store, run, ranks)
 
 
-FAMILY_KEYS = ("rank", "family", "ops", "uncounted_ops", "flops", "kernels", "time_ns", "time_source",
+FAMILY_KEYS = ("rank", "family", "ops", "uncounted_ops", "uncounted_kernel_ns", "flops", "kernels", "time_ns", "time_source",
                "achieved_tflops", "peak_tflops", "of_peak", "dtype")
 
 
@@ -346,7 +434,8 @@ MFU_MIN_STAKE_NS = 1_000_000
 """Less than 1 ms per step of compute above what peak would need is not a finding."""
 
 
-def low_mfu_findings(mfu: pa.Table, breakdown: pa.Table, families: pa.Table | Absent) -> Iterator[Finding]:
+def low_mfu_findings(mfu: pa.Table, breakdown: pa.Table, families: pa.Table | Absent,
+                     basis: StepBasis | None = None) -> Iterator[Finding]:
     """Per rank: median MFU under :data:`MFU_LOW` over its compute-bound steps (module docs);
     the time at stake is the compute time above what the products would need at peak."""
     compute = {(r["rank"], r["step"]): r for r in breakdown.to_pylist()}
@@ -373,8 +462,8 @@ def low_mfu_findings(mfu: pa.Table, breakdown: pa.Table, families: pa.Table | Ab
         advice = _advice(row, kernel_ns / compute_ns if compute_ns else 0.0)
         yield Finding(
             Severity.WARNING, "mfu.low",
-            f"MFU {value:.1%} on rank {rank} (median of {len(pairs)} compute-bound steps, compute {share:.0%} of the "
-            f"step): the products would need {ideal_ns / 1e6:.1f} ms per step at the {row['device']}'s dense "
+            f"MFU {value:.1%} on rank {rank} (median of {len(pairs)} compute-bound steps, compute "
+            f"{duration(compute_ns)} per step, {basis.of_step(compute_ns) if basis else 'share unknown'}): the products would need {ideal_ns / 1e6:.1f} ms per step at the {row['device']}'s dense "
             f"{_peak_words(row)}; compute takes {compute_ns / 1e6:.1f} ms, "
             f"of which their kernels {kernel_ns / 1e6:.1f} ms" + (f" ({', '.join(rates)})" if rates else "")
             + f": {advice}",
@@ -420,4 +509,5 @@ def mfu_low(results: Results) -> Iterator[Finding]:
     mfu = results["mfu"]
     if not isinstance(breakdown, pa.Table) or not isinstance(mfu, pa.Table):
         return
-    yield from low_mfu_findings(mfu, breakdown, results.get("flops_by_family", Absent("not computed")))
+    yield from low_mfu_findings(mfu, breakdown, results.get("flops_by_family", Absent("not computed")),
+                                basis_of(results))

@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 
 from stepscope.analysis.absent import Absent, Maybe
+from stepscope.analysis.basis import StepBasis, basis_of
 from stepscope.analysis.breakdown import parts_over, step_windows
 from stepscope.analysis.cache import cached_frame
 from stepscope.analysis.findings import MIN_STAKE_NS, Finding, Results, Severity, ranks_phrase, rule
@@ -66,7 +67,7 @@ from stepscope.store.rankstats.parts import (
     Part,
 )
 from stepscope.analysis.sections import SQLStore, section
-from stepscope.render.units import duration
+from stepscope.units import duration
 
 CAUSE_OF_PART: dict[Part, str] = {
     COMPUTE: "compute",
@@ -295,6 +296,11 @@ def _range(low: float, high: float) -> str:
     return f"{va}-{b}" if ua == ub else f"{a} to {b}"
 
 
+def _of_their_steps(basis: StepBasis | None, wait_ns: float, waiting: int) -> str:
+    """A wait summed over ``waiting`` ranks as a share of as many basis steps: ``12% of their mean step``."""
+    return basis.of_step(wait_ns / waiting).replace("of the", "of their") if basis and waiting else "share unknown"
+
+
 def _recurs(steps: int, profiled: int) -> bool:
     """A late set seen in more than half the profiled steps (every step of a one-step trace)."""
     return 2 * steps > profiled or profiled <= 1
@@ -338,7 +344,7 @@ def late_rank_rule(results: Results) -> Iterator[Finding]:
         message = (
             f"{late_text} arrived late at {what} in {when}: {ranks_phrase(worst['waiting_ranks'])} waited "
             f"{spread} for {'them' if len(late) > 1 else 'it'} ({duration(worst['caused_wait_ns'])} in all, "
-            f"{100 * worst['caused_wait_ns'] / worst['waiting_step_ns']:.0f}% of their step time); "
+            f"{_of_their_steps(basis_of(results), worst['caused_wait_ns'], len(worst['waiting_ranks']))}); "
             + _where(worst, late_text))
         if partial:
             message += (f". Only {worst['traced_ranks']} of the group's {worst['group_size']} ranks were traced: "

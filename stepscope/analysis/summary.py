@@ -14,7 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from stepscope.analysis.absent import NO_GPU_EVENTS, NO_STEPS, Absent, jsonable
+from stepscope.analysis.absent import NO_DATALOADER, NO_GPU_EVENTS, NO_STEPS, Absent, jsonable
+from stepscope.analysis.basis import basis_of, quoted_rank
 from stepscope.analysis.breakdown import (
     absence,
     host_breakdown,
@@ -39,11 +40,12 @@ from stepscope.store.rankstats.parts import (
 from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore, compute_sections, section
 from stepscope.analysis.verdict import verdict
-from stepscope.render.units import duration
+from stepscope.analysis.whole_trace import whole_trace_verdict
+from stepscope.units import duration
 
-SUMMARY_VERSION = 1
-"""Bumped when a key of the summary JSON changes meaning or disappears (adding keys does not)."""
-
+SUMMARY_VERSION = 2
+"""Bumped when a key of the summary JSON changes meaning or disappears (adding keys does not).
+2: ``verdict.bound_by[].ns`` is a share of the mean step (the one basis), no longer of the median."""
 TOTALS_KEYS = (
     "gpu_span_ns",
     "gpu_idle_ns",
@@ -77,6 +79,9 @@ class RanksResult:
     stats: pa.Table
     matched: frozenset[int] = frozenset()
     """Ranks with a collective matched with another traced rank's: their waits are known."""
+    loaders: frozenset[int] = frozenset()
+    """Ranks whose traces record ``enumerate(DataLoader)#...``: only there is data loading known
+    (elsewhere it is absent, not 0)."""
 
 
 def _by_rank(table: pa.Table | Absent) -> dict[int, list[dict[str, Any]]]:
@@ -99,6 +104,9 @@ def ranks_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Ran
     step-time statistics."""
     status = rank_status(store, run)
     matched = frozenset(r["rank"] for r in clock_offsets(store, run).to_pylist() if r["instances"])
+    loaders = frozenset(r["rank"] for r in store.sql(
+        f"SELECT DISTINCT rank FROM events WHERE run = $run AND ({' OR '.join(DATA_LOADING.claims)})",
+        {"run": run}).to_pylist())
     return RanksResult(
         ranks=tuple(_present_ranks(status, ranks)),
         status=status,
@@ -108,6 +116,7 @@ def ranks_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Ran
         totals_hta=rank_totals(store, run, ranks, hta_scope=True),
         stats=step_stats(store, run, ranks),
         matched=matched,
+        loaders=loaders,
     )
 
 
@@ -171,6 +180,8 @@ def ranks_json(result: RanksResult) -> list[dict[str, Any]]:
                     item["cpu_dur_ns"] = host_row["dur_ns"]
                     item.update({key: Absent(no_gpu or NO_GPU_EVENTS) for key in GPU_STEP_KEYS})
                 item["host"] = {key: host_row[key] for key in HOST_STEP_KEYS}
+                if rank not in result.loaders:
+                    item["host"][DATA_LOADING.column] = Absent(NO_DATALOADER)
                 item["host"]["dur_ns"] = host_row["dur_ns"]
                 if rank not in result.matched:
                     _unknown_waits(item)
@@ -244,12 +255,12 @@ def _compute_summary(store: SQLStore, run: str, ranks: Sequence[int] | None) -> 
     ranks_result = results["ranks"]
     assert isinstance(ranks_result, RanksResult)
     doc: dict[str, Any] = {"summary_version": SUMMARY_VERSION, "run": run}
-    doc["verdict"] = verdict(store, run, (ranks_result.breakdown, ranks_result.host), findings,
-                             clock_offsets(store, run))
+    doc["verdict"] = verdict(store, run, ranks_result, findings, clock_offsets(store, run),
+                             whole_trace_verdict(store, run, ranks))
     for s in all_sections():
         result = results[s.name]
         doc[s.name] = result if isinstance(result, Absent) else s.to_json(result)
-    doc["findings"] = [f.to_json() for f in findings]
+    doc["findings"] = doc["verdict"]["findings"]  # with their share of the basis step
     return jsonable(doc)
 
 
@@ -322,13 +333,16 @@ def gpu_idle(results: Results) -> Iterator[Finding]:
             "rank": rank, "per_step": per_step, "share": share, "explained": explained, "steps": len(rows),
             "worst_step": worst["step"], "worst_pct": 100 * worst[IDLE.column] / worst["dur_ns"],
             **{c.column: v / len(rows) for c, v in causes.items()}})
+    basis = basis_of(results)
     for cause, rows in flagged.items():
         worst = max(rows, key=lambda r: r["per_step"])
         ranks_tuple = tuple(r["rank"] for r in rows)
         beyond = " beyond what data loading explains" if worst["explained"] else ""
-        message = (f"{ranks_phrase(ranks_tuple)}: GPU idle {worst['share']:.0f}% of the step{beyond} "
-                   f"({duration(worst['per_step'])} per step; worst: rank {worst['rank']}, "
-                   f"step {worst['worst_step']} at {worst['worst_pct']:.0f}%), {_IDLE_CAUSE_ADVICE[cause]}")
+        spread = quoted_rank(ranks_tuple, worst["rank"], {r["rank"]: r["per_step"] for r in rows})
+        message = (f"{ranks_phrase(ranks_tuple)}: GPU idle {duration(worst['per_step'])} per step{beyond} "
+                   f"({basis.of_step(worst['per_step']) if basis else 'share unknown'}"
+                   f"{'; ' + spread if spread else ''}; worst step: {worst['worst_step']} of rank {worst['rank']}, "
+                   f"idle {worst['worst_pct']:.0f}% of that step), {_IDLE_CAUSE_ADVICE[cause]}")
         busiest = _host_busiest(host.get(worst["rank"], []))
         if cause == IDLE_HOST_WAIT and busiest:
             message += f" (the host's step: {busiest})"
@@ -340,7 +354,8 @@ def gpu_idle(results: Results) -> Iterator[Finding]:
              "idle_pct": round(worst["share"], 2), "idle_ns_per_step": round(worst["per_step"]),
              "worst_step_idle_pct": round(worst["worst_pct"], 2), "steps": worst["steps"],
              "cause": cause.name.removeprefix(f"{IDLE.name}_"),
-             "data_loading_ns_per_step": round(worst["explained"]),
+             "data_loading_ns_per_step": round(worst["explained"]) if worst["rank"] in ranks.loaders
+             else Absent(NO_DATALOADER),
              **{c.column: round(worst[c.column]) for c in IDLE.sub_parts}},
             ranks=ranks_tuple,
             time_at_stake_ns=round(worst["per_step"]),
@@ -361,11 +376,13 @@ def host_data_loading(results: Results) -> Iterator[Finding]:
     host_wait = median([r[IDLE_HOST_WAIT.column] for r in gpu]) if gpu else None
     idle = f"; the GPU idles {duration(host_wait)} per step waiting for the host" if host_wait else ""
     ranks_tuple = tuple(loading)
+    basis = basis_of(results)
+    spread = quoted_rank(ranks_tuple, rank, {r: v[1] for r, v in loading.items()})
     yield Finding(
         Severity.WARNING,
         "host.data_loading",
-        f"{ranks_phrase(ranks_tuple)}: data loading takes {share:.0f}% of each step ({duration(per_step)} per step, "
-        f"median{'; worst: rank ' + str(rank) if len(loading) > 1 else ''}{idle}): "
+        f"{ranks_phrase(ranks_tuple)}: data loading takes {duration(per_step)} per step (the median step's; "
+        f"{basis.of_step(per_step) if basis else 'share unknown'}{'; ' + spread if spread else ''}{idle}): "
         "use DataLoader workers, pinned memory and prefetching",
         {"ranks": list(ranks_tuple), "rank": rank, "data_loading_pct_median": round(share, 2),
          "data_loading_ms_median": round(per_step / 1e6, 3),

@@ -2,7 +2,7 @@
 figure that matters: the pipeline's bubbles beside the schedule's ideal, MFU per step.
 
 Pure: summary JSON in (docs/SUMMARY_JSON.md), ``(title, columns, rows)`` blocks out, in the
-units of :mod:`stepscope.render.units`. ``stepscope summary`` looks a section up here and falls
+units of :mod:`stepscope.units`. ``stepscope summary`` looks a section up here and falls
 back to its generic rendering for the others.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from stepscope.render.units import MISSING, count, format_value, percent, significant
+from stepscope.units import MISSING, count, format_value, percent, significant, since
 
 Block = tuple[str, list[str], list[list[str]]]
 
@@ -73,19 +73,49 @@ def mfu_blocks(title: str, rows: list[dict[str, Any]]) -> Iterator[Block]:
     yield from _why_not(rows, "mfu")
 
 
+def _skipped(row: dict[str, Any]) -> str:
+    """``318 (136 ms)``: the ops the FLOP count skipped and their kernels' time."""
+    ops = row.get("uncounted_ops") or 0
+    kernels = row.get("uncounted_kernel_ns")
+    return count(ops) + (f" ({ns_cell(kernels)})" if ops and kernels is not None else "")
+
+
 def family_blocks(title: str, rows: list[dict[str, Any]]) -> Iterator[Block]:
     """Per rank and op family: FLOPs over the time of their kernels (or CPU ops), against peak."""
-    yield (f"{title}: achieved TFLOP/s per op family (whole trace)",
-           ["rank", "family", "ops", "GFLOP", "time", "on", "TFLOP/s", "dtype", "peak TFLOP/s", "of peak"],
-           [[str(r["rank"]), r["family"], count(r["ops"]), _gflop(r["flops"]), ns_cell(r["time_ns"]),
+    yield (f"{title}: achieved TFLOP/s per op family (whole trace; skipped: ops the count could not size, "
+           "and their kernels' time)",
+           ["rank", "family", "ops", "skipped", "GFLOP", "time", "on", "TFLOP/s", "dtype", "peak TFLOP/s", "of peak"],
+           [[str(r["rank"]), r["family"], count(r["ops"]), _skipped(r), _gflop(r["flops"]), ns_cell(r["time_ns"]),
              "GPU kernels" if r["time_source"] == "gpu_kernels" else "CPU ops", _tflops(r["achieved_tflops"]),
              r["dtype"] or MISSING, _tflops(r["peak_tflops"]), _fraction(r["of_peak"])] for r in rows])
     yield from _why_not(rows, "peak_tflops")
 
 
-SECTION_BLOCKS: dict[str, Callable[[str, Any], Iterator[Block]]] = {
-    "pipeline": pipeline_blocks,
-    "mfu": mfu_blocks,
-    "flops_by_family": family_blocks,
+def _ranks(ranks: Any) -> str:
+    return ", ".join(map(str, ranks or [])) or MISSING
+
+
+def late_blocks(title: str, late: dict[str, Any], origin: float | None = None) -> Iterator[Block]:
+    """Per step with late ranks: who was late, who waited and how long, when (since the run's
+    start) and where the lateness came from."""
+    steps = late.get("steps") or []
+    yield (f"{title}: late ranks per step ({late.get('profiled_steps', MISSING)} profiled steps)",
+           ["step", "late ranks", "waiting ranks", "collective", "longest wait", "caused wait", "late arrival",
+            "late by", "from", "cause"],
+           [[str(r["step"]), _ranks(r["late_ranks"]), _ranks(r["waiting_ranks"]), r["collective"] or MISSING,
+             ns_cell(r["max_wait_ns"]), ns_cell(r["caused_wait_ns"]),
+             since(r["late_arrival_ns"], origin) if origin is not None and r["late_arrival_ns"] is not None else MISSING,
+             ns_cell(r["lateness_ns"]), (r["origin"] or MISSING).replace("_", " "), r["cause"] or MISSING]
+            for r in steps] or [["-", "-", "-", "-", "-", "-", "-", "-", "-", "no step with late ranks"]])
+
+
+SectionBlocks = Callable[[str, Any, "float | None"], Iterator[Block]]
+"""A section's renderer: title, its JSON, the run's start (what times are relative to)."""
+
+SECTION_BLOCKS: dict[str, SectionBlocks] = {
+    "pipeline": lambda title, value, _origin: pipeline_blocks(title, value),
+    "mfu": lambda title, value, _origin: mfu_blocks(title, value),
+    "flops_by_family": lambda title, value, _origin: family_blocks(title, value),
+    "late": late_blocks,
 }
 """Section name -> its blocks; sections not here are rendered generically."""

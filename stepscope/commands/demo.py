@@ -1,5 +1,6 @@
-"""``stepscope demo``: ingest the bundled sample traces into a local store, show what they hold,
-and open the dashboard on it (``--no-dashboard``: print only).
+"""``stepscope demo``: ingest the bundled sample traces into a local store, print each sample
+run's verdict (the first screen of ``stepscope summary``) and open the dashboard on it
+(``--no-dashboard``: print only).
 
 Each folder under ``sample_traces/`` is one run (its files are the ranks). Ingest is idempotent,
 so running the demo twice reuses the store.
@@ -9,42 +10,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from stepscope.commands._output import to_text
 from stepscope.errors import UsageError
 
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from stepscope.store import Store
-
 SAMPLE_TRACES = Path(__file__).resolve().parents[2] / "sample_traces"
-
-BREAKDOWN_PER_RANK = """
-SELECT run, rank, count(*) AS steps, {parts}
-FROM breakdown GROUP BY run, rank ORDER BY run, rank
-"""
-
-
-def time_by_category(store: Store, run: str) -> pa.Table | None:
-    """Per rank, the run's steps split into disjoint parts (ms): the GPU breakdown when the
-    trace has GPU work, else the host breakdown. Every number comes from the analysis layer."""
-    from stepscope.analysis import is_absent
-    from stepscope.analysis.breakdown import host_breakdown, step_breakdown
-    from stepscope.store.catalog import connect
-
-    breakdown = step_breakdown(store, run)
-    if is_absent(breakdown):
-        breakdown = host_breakdown(store, run)
-    if is_absent(breakdown):
-        return None
-    columns = ["dur_ns", *(c for c in breakdown.column_names if c.endswith("_ns")
-                           and c not in ("dur_ns", "start_ns", "end_ns"))]
-    parts = ", ".join(f"round(sum({c}) / 1e6, 3) AS {c.removesuffix('_ns')}_ms" for c in columns)
-    con = connect()
-    con.register("breakdown", breakdown)
-    return con.sql(BREAKDOWN_PER_RANK.format(parts=parts)).to_arrow_table()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +37,9 @@ def sample_runs(traces: Path) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stepscope.analysis.summary import build_summary
+    from stepscope.commands.summary import first_screen
+    from stepscope.render.table import terminal_width
     from stepscope.store import open_store
     from stepscope.store.ingest import ingest_paths
 
@@ -76,14 +48,10 @@ def run(args: argparse.Namespace) -> int:
         for line in report.errors:
             print(line)
     with open_store(args.store) as store:
-        print("Runs\n")
-        print(to_text(store.sql("SELECT run, ranks, world_size, backend, gpu_name, events FROM runs ORDER BY run")))
-        for run_name in store.sql("SELECT run FROM runs ORDER BY run")["run"].to_pylist():
-            table = time_by_category(store, run_name)
-            print(f"\n{run_name}: time by category per rank, summed over profiled steps (ms)\n")
-            print(to_text(table) if table is not None else "(no steps in this run)")
-            print(f"  details: stepscope summary --run {run_name} --store {args.store}")
-    print(f"\nStore: {args.store.resolve()}  (try: stepscope sql \"SELECT * FROM steps\" --store {args.store})")
+        for run_id in store.sql("SELECT run FROM runs ORDER BY run")["run"].to_pylist():
+            print(first_screen(build_summary(store, run_id), terminal_width()))
+            print(f"  details: stepscope summary --run {run_id} --store {args.store} --section NAME or --verbose\n")
+    print(f"Store: {args.store.resolve()}  (try: stepscope sql \"SELECT * FROM steps\" --store {args.store})")
     if args.no_dashboard:
         return 0
     from stepscope.commands.dashboard import serve

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from stepscope.commands._section_blocks import SECTION_BLOCKS, ns_cell
 from stepscope.errors import UsageError
 from stepscope.render.table import Column, Table, terminal_width, to_markdown, to_terminal
-from stepscope.render.units import duration, format_value, percent
+from stepscope.units import duration, for_key, format_value, percent
 from stepscope.store.location import store_location
 
 if TYPE_CHECKING:
@@ -65,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(doc, indent=1))
     elif args.format == "markdown":
-        print(render_markdown(doc, sections))
+        print(render_markdown(doc, sections, full_names=args.verbose))
     else:
-        print(render_table(doc, terminal_width(), sections))
+        print(render_table(doc, terminal_width(), sections, full_names=args.verbose))
     return 0
 
 
@@ -96,14 +96,13 @@ def _share(part: Any, whole: Any) -> str:
     return format_value(100 * part / whole if part is not None and whole else None, "pct")
 
 
-def _cell(value: Any) -> str:
-    """A value of a section's JSON: numbers as :func:`~stepscope.render.units.number`, lists and
-    objects as JSON."""
-    if isinstance(value, (list, dict)):
+def _cell(value: Any, key: str = "", origin: float | None = None, full_names: bool = False) -> str:
+    """A value of a section's JSON in human units by its key (:func:`stepscope.units.for_key`):
+    durations, sizes, rates, hex addresses, times since the run's start, names shortened
+    (whole with ``--verbose``); objects as JSON."""
+    if isinstance(value, dict) or isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
         return json.dumps(value)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return format_value(value, "number")
-    return format_value(value, "text")
+    return for_key(key, value, origin, full_names)
 
 
 def _table_columns(breakdown: Breakdown) -> list[tuple[str, str]]:
@@ -152,21 +151,42 @@ def _rank_blocks(rank: dict[str, Any]) -> Iterator[Block]:
                  ns_cell(s["max_ns"]), format_value(s["spread_pct"], "pct")] for s in stats])
 
 
-def _generic_blocks(title: str, value: Any) -> Iterator[Block]:
-    """Any section's JSON as blocks: lists of objects become tables, objects key/value rows."""
+def _scalar(value: Any) -> bool:
+    """A cell: a scalar, or a non-empty list of scalars (ranks, steps)."""
+    if isinstance(value, list):
+        return bool(value) and all(not isinstance(v, (dict, list)) for v in value)
+    return not isinstance(value, dict)
+
+
+_UNIT_SUFFIXES = ("_ns", "_bytes", "_gbps")
+
+
+def _header(key: str) -> str:
+    """A column's header: its key without the unit suffix its cells now spell out."""
+    for suffix in _UNIT_SUFFIXES:
+        if key.endswith(suffix) and key != suffix[1:]:
+            return key.removesuffix(suffix)
+    return key
+
+
+def _generic_blocks(title: str, value: Any, origin: float | None = None, full_names: bool = False) -> Iterator[Block]:
+    """Any section's JSON as blocks, in human units by key: lists of objects become tables (the
+    ``run`` column left out: the first line names the run), objects key/value rows."""
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
         cols: list[str] = []
         for v in value:
-            cols.extend(k for k in v if k not in cols and not isinstance(v[k], (dict, list)))
-        yield (title, cols, [[_cell(v.get(c)) for c in cols] for v in value])
+            cols.extend(k for k in v if k not in cols and k not in ("run", "absent_reasons") and _scalar(v[k]))
+        yield (title, [_header(c) for c in cols], [[_cell(v.get(c), c, origin, full_names) for c in cols] for v in value])
+        yield from _why_absent(title, value)
     elif isinstance(value, dict):
-        scalars = [[k, _cell(v)] for k, v in value.items() if not isinstance(v, (dict, list)) and k != "absent_reasons"]
+        scalars = [[_header(k), _cell(v, k, origin, full_names)] for k, v in value.items()
+                   if _scalar(v) and k != "absent_reasons"]
         scalars += [[f"{k} (absent)", why] for k, why in value.get("absent_reasons", {}).items()]
         if scalars:
             yield (title, ["key", "value"], scalars)
         for k, v in value.items():
-            if isinstance(v, (dict, list)) and k != "absent_reasons":
-                yield from _generic_blocks(f"{title}: {k}", v)
+            if not _scalar(v) and k != "absent_reasons" and v:
+                yield from _generic_blocks(f"{title}: {k}", v, origin, full_names)
     elif isinstance(value, list):
         if value:
             yield (title, ["value"], [[_cell(v)] for v in value])
@@ -174,12 +194,21 @@ def _generic_blocks(title: str, value: Any) -> Iterator[Block]:
         yield (title, ["value"], [[_cell(value)]])
 
 
+def _why_absent(title: str, rows: list[dict[str, Any]]) -> Iterator[Block]:
+    """The distinct reasons the rows' n/a cells carry, once each (a reason per cell would bury the table)."""
+    reasons = sorted({(k, why) for r in rows for k, why in (r.get("absent_reasons") or {}).items()})
+    if reasons:
+        yield (f"{title}: why n/a", ["key", "reason"], [[k, why] for k, why in reasons])
+
+
 _RESERVED = ("summary_version", "run", "ranks", "findings", "verdict", "absent_reasons")
 
 
-def blocks(doc: dict[str, Any], sections: tuple[str, ...] | None = None) -> Iterator[Block]:
+def blocks(doc: dict[str, Any], sections: tuple[str, ...] | None = None, full_names: bool = False) -> Iterator[Block]:
     """The summary's sections as blocks, in document order, findings last (``sections``: only
-    those; None: every one)."""
+    those; None: every one; ``full_names``: kernel and op names whole, as ``--verbose`` shows them)."""
+    origin = (doc.get("verdict") or {}).get("run", {}).get("start_ns")
+
     def wanted(name: str) -> bool:
         return sections is None or name in sections
 
@@ -192,7 +221,8 @@ def blocks(doc: dict[str, Any], sections: tuple[str, ...] | None = None) -> Iter
         if value is None:
             yield (key, ["absent"], [[doc.get("absent_reasons", {}).get(key, "")]])
         else:
-            yield from SECTION_BLOCKS.get(key, _generic_blocks)(key, value)
+            special = SECTION_BLOCKS.get(key)
+            yield from special(key, value, origin) if special else _generic_blocks(key, value, origin, full_names)
     if wanted("findings"):
         findings = doc.get("findings") or []
         yield ("findings", ["severity", "rule", "ranks", "at stake", "finding"],
@@ -221,18 +251,34 @@ def _run_line(doc: dict[str, Any]) -> str:
     return f"run {facts.get('name') or doc['run']}: {_n(facts.get('ranks') or 0, 'rank')} traced{world}{backend}{gpu}"
 
 
+def _basis_line(v: dict[str, Any]) -> str:
+    """The step basis, named: what every share and per-step figure of the screen is of."""
+    b = v["basis"]
+    where = "GPU time" if v["breakdown"] == "gpu" else "host time: no GPU events"
+    spread = "" if b["min_ns"] == b["max_ns"] else \
+        f"; median {duration(b['median_ns'])}, steps {duration(b['min_ns'])} to {duration(b['max_ns'])}"
+    return (f"step time {duration(b['step_ns'])}: the mean step over {_n(v['ranks'], 'rank')} x {_n(v['steps'], 'step')}, "
+            f"the basis of every share and per-step figure below ({where}{spread})")
+
+
+def _whole_trace_lines(v: dict[str, Any]) -> list[str]:
+    """A run without steps: what the device did over its traces, and how to mark steps."""
+    whole = v.get("whole_trace")
+    if not whole:
+        return []
+    return [f"whole trace: {whole['statement']}", whole["how_to_mark_steps"]]
+
+
 def verdict_tables(doc: dict[str, Any]) -> tuple[list[str], list[Table]]:
-    """The first screen: the run and its median step in lines, then what bounds the step and
-    the top findings (untruncated, with their time at stake) as tables."""
+    """The first screen: the run and its step basis in lines, then what bounds the step and the
+    top findings (untruncated, with their time at stake) as tables."""
     v = doc["verdict"]
     lines = [_run_line(doc)]
-    step = v.get("step_ns")
-    if step is None:
+    if v.get("basis") is None:
         lines.append(f"no step time: {v.get('absent_reasons', {}).get('step_ns', 'no steps')}")
+        lines += _whole_trace_lines(v)
     else:
-        where = "GPU time" if v["breakdown"] == "gpu" else "host time: no GPU events"
-        lines.append(f"step time {duration(step)} (median over {_n(v['ranks'], 'rank')} x {_n(v['steps'], 'step')}; "
-                     f"parts of the {where})")
+        lines.append(_basis_line(v))
     corrections = v.get("clock_corrections") or []
     if corrections:
         lines.append(f"clocks aligned on rank {corrections[0]['reference_rank']}'s from the end times of matched "
@@ -243,22 +289,26 @@ def verdict_tables(doc: dict[str, Any]) -> tuple[list[str], list[Table]]:
     if v.get("bound_by"):
         out.append(Table("What bounds the step", (Column("part"), Column("share", "pct"), Column("per step", "ns")),
                          [(b["label"], 100 * b["share"], b["ns"]) for b in v["bound_by"]]))
+    elif (v.get("whole_trace") or {}).get("bound_by"):
+        whole = v["whole_trace"]
+        rows = [(b["label"], 100 * b["share"], b["ns"]) for b in whole["bound_by"]]
+        out.append(Table("Where the traced time went (no steps: over each trace's span)",
+                         (Column("part"), Column("share", "pct"), Column("time", "ns")), rows))
     findings = v.get("findings") or []
     shown = findings[:FIRST_SCREEN_FINDINGS]
     more = len(findings) - len(shown)
     note = f"{more} more: --section findings" if more > 0 else None
 
-    mean = v.get("mean_step_ns")
-
-    def share(f: dict[str, Any]) -> str:  # a mean per step, of the mean step
-        stake = f.get("time_at_stake_ns")
-        return percent(100 * stake / mean) if stake is not None and mean else "n/a"
+    def share(f: dict[str, Any]) -> str:  # a mean per step, of the basis step
+        value = f.get("share_of_step")
+        return percent(100 * value) if value is not None else "n/a"
 
     out.append(Table(
         "Findings, by time at stake per step",
         (Column("#", "count"), Column("at stake", "ns"), Column("of step"), Column("finding")),
         [(i + 1, f.get("time_at_stake_ns"), share(f), f"{f['message']} [{f['rule']}]") for i, f in enumerate(shown)]
-        or [(None, None, "", "no findings")], note))
+        or [(None, None, "", "no findings" + (" per step: the run has no steps" if v.get("basis") is None else ""))],
+        note))
     return lines, out
 
 
@@ -266,24 +316,30 @@ def _hint(doc: dict[str, Any]) -> str:
     return f"per rank and per section: --section NAME ({', '.join(known_sections(doc))}) or --verbose"
 
 
-def tables(doc: dict[str, Any], sections: tuple[str, ...] | None = None) -> list[Table]:
+def tables(doc: dict[str, Any], sections: tuple[str, ...] | None = None, full_names: bool = False) -> list[Table]:
     """The summary's sections as tables of the one table model, in document order."""
-    return [Table.of_text(title, cols, rows) for title, cols, rows in blocks(doc, sections)]
+    return [Table.of_text(title, cols, rows) for title, cols, rows in blocks(doc, sections, full_names)]
 
 
-def render_table(doc: dict[str, Any], width: int | None = None, sections: tuple[str, ...] = ()) -> str:
-    """Plain text for the terminal: the verdict screen, then the sections asked for."""
+def first_screen(doc: dict[str, Any], width: int | None = None) -> str:
+    """The verdict screen as plain text: what ``stepscope summary`` and ``stepscope demo`` print first."""
     lines, first = verdict_tables(doc)
-    text = "\n".join(lines) + "\n\n" + to_terminal(first, width)
+    return "\n".join(lines) + "\n\n" + to_terminal(first, width)
+
+
+def render_table(doc: dict[str, Any], width: int | None = None, sections: tuple[str, ...] = (),
+                 full_names: bool = False) -> str:
+    """Plain text for the terminal: the verdict screen, then the sections asked for."""
+    text = first_screen(doc, width)
     if sections:
-        return text + "\n\n" + to_terminal(tables(doc, sections), width)
+        return text + "\n\n" + to_terminal(tables(doc, sections, full_names), width)
     return text + "\n\n" + _hint(doc)
 
 
-def render_markdown(doc: dict[str, Any], sections: tuple[str, ...] = ()) -> str:
+def render_markdown(doc: dict[str, Any], sections: tuple[str, ...] = (), full_names: bool = False) -> str:
     """Markdown (for CI comments and reports): the verdict, then the sections asked for."""
     lines, first = verdict_tables(doc)
     out = [f"# stepscope summary: run `{doc['run']}`", "", *(f"{line}  " for line in lines), ""]
     out += [to_markdown(t, level=2) for t in first]
-    out += [to_markdown(t, level=2) for t in tables(doc, sections)] if sections else [f"_{_hint(doc)}_"]
+    out += [to_markdown(t, level=2) for t in tables(doc, sections, full_names)] if sections else [f"_{_hint(doc)}_"]
     return "\n".join(out).rstrip()

@@ -2,7 +2,7 @@
 
 Unit conversion (ns -> ms, bytes -> GiB) is presentation: the values are the analysis layer's,
 divided by a constant so that axes read in ms, GB/s and GiB. The constants are
-:mod:`stepscope.render.units`' (the one place units are defined), re-exported for the pages.
+:mod:`stepscope.units`' (the one place units are defined), re-exported for the pages.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pyarrow as pa
 import streamlit as st
 
 from stepscope.analysis.absent import Absent
-from stepscope.render.units import GIB, NS_PER_MS
+from stepscope.units import GIB, NS_PER_MS, unit_for_key
 
 __all__ = ["GIB", "NS_PER_MS", "bar_width", "chart", "data_table", "frame", "guarded", "ns_to_ms", "shown",
            "with_units"]
@@ -76,7 +76,27 @@ def data_table(df: Any, caption: str | None = None, *, hide_ns: bool = True, hei
     if caption:
         st.caption(caption)
     kwargs = {"height": height} if height else {}
-    st.dataframe(df, hide_index=True, width="stretch", **kwargs)
+    st.dataframe(df, hide_index=True, width="stretch", column_config=column_units(df.columns), **kwargs)
+
+
+def column_units(columns: Any) -> dict[str, Any]:
+    """How each column reads, by the unit its name carries (:func:`stepscope.units.unit_for_key`):
+    ms with their unit, bytes in KB/MB/GB, percentages with %, names wide (the whole name on
+    hover). The values stay the analysis layer's numbers, so the table sorts and copies exactly."""
+    config: dict[str, Any] = {}
+    for column in columns:
+        unit = "ms" if column.endswith("_ms") else unit_for_key(column)
+        if unit == "ms":
+            config[column] = st.column_config.NumberColumn(column, format="%.3f ms")
+        elif unit == "bytes":
+            config[column] = st.column_config.NumberColumn(column, format="bytes")
+        elif unit == "pct":
+            config[column] = st.column_config.NumberColumn(column, format="%.1f%%")
+        elif unit == "gbps":
+            config[column] = st.column_config.NumberColumn(column, format="%.3g GB/s")
+        elif unit == "name":
+            config[column] = st.column_config.TextColumn(column, width="large")
+    return config
 
 
 def chart(spec: alt.TopLevelMixin) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.render.table import Table
-from stepscope.render.units import format_delta, format_value, signed_percent
+from stepscope.units import format_delta, format_value, signed_percent
 
 TOP_NAMED = 10
 """Kernels, collectives and copies shown: the largest moves first."""

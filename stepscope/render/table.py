@@ -9,7 +9,7 @@ same figures::
     to_markdown(table)     # a GitHub-flavoured Markdown table under a ### heading
     to_html(table)         # <h3> + <table>, escaped
 
-A column's ``unit`` names its formatter in :mod:`stepscope.render.units` (``ns``, ``bytes``,
+A column's ``unit`` names its formatter in :mod:`stepscope.units` (``ns``, ``bytes``,
 ``gbps``, ``pct``, ``count``, ``number``, ``text``...); a cell holds the raw value and is formatted
 by its column, except a ``str``, which is shown as it is (for mixed cells such as
 ``4.56 ms [4.50 ms-4.70 ms]``) and ``None``, shown as ``n/a``. Numeric columns (any unit but
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from stepscope.render.units import FORMATTERS, MISSING
+from stepscope.units import FORMATTERS, MISSING
 
 if TYPE_CHECKING:
     import pyarrow as pa

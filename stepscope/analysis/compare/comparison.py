@@ -45,7 +45,7 @@ from stepscope.analysis.findings import Finding, Severity
 from stepscope.analysis.quantiles import median
 from stepscope.store.rankstats.parts import GPU, HOST
 from stepscope.analysis.sections import SQLStore
-from stepscope.render.units import format_value, signed_percent
+from stepscope.units import format_value, signed_percent
 
 BANDWIDTH_METRICS: tuple[tuple[str, str, str], ...] = (
     ("busbw", "bus bandwidth", "comm.collective_kernels.busbw_gbps (per step)"),

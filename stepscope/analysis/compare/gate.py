@@ -35,7 +35,7 @@ from stepscope.analysis.compare.budgets import floors as default_floors
 from stepscope.analysis.compare.comparison import Comparison, MetricDelta
 from stepscope.analysis.compare.stats import MannWhitney, Noise
 from stepscope.errors import Inconclusive, StepscopeError
-from stepscope.render.units import format_value, p_value, signed_percent
+from stepscope.units import format_value, p_value, signed_percent
 
 DECIDED_BY = ("not_available", "threshold", "floor", "noise", "grey_zone")
 

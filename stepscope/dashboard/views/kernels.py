@@ -9,6 +9,7 @@ from stepscope.analysis.kernels import launch_overhead, step_stats, top_cpu_ops,
 from stepscope.dashboard._data import context
 from stepscope.dashboard._filters import select
 from stepscope.dashboard._view import bar_width, chart, data_table, frame, guarded, ns_to_ms, shown
+from stepscope.units import short_name
 
 TOP = 20
 
@@ -19,11 +20,13 @@ st.caption("Counted over the profiled steps (the whole trace when it has none). 
 
 
 def top_chart(df, title: str) -> None:
-    """Horizontal bars of one rank's top names, longest first; the full name is in the tooltip."""
+    """Horizontal bars of one rank's top names, longest first: each name shortened on the axis
+    (numbered, so two names alike when cut stay two bars), whole in the tooltip."""
+    df = df.assign(label=[f"{i}. {short_name(n)}" for i, n in zip(df["rank_in_rank"], df["name"])])
     chart(alt.Chart(df, title=title).mark_bar().encode(
         x=alt.X("total_ms:Q", title="total time (ms)"),
-        y=alt.Y("name:N", title=None, sort=alt.EncodingSortField("total_ms", order="descending"),
-                axis=alt.Axis(labelLimit=420, labelOverlap=False)),
+        y=alt.Y("label:N", title=None, sort=alt.EncodingSortField("total_ms", order="descending"),
+                axis=alt.Axis(labelLimit=0, labelOverlap=False)),
         color=alt.Color("category:N", title="category"),
         tooltip=[alt.Tooltip("name:N"), alt.Tooltip("category:N"), alt.Tooltip("count:Q", title="calls"),
                  alt.Tooltip("total_ms:Q", title="total (ms)", format=",.3f"),

@@ -9,15 +9,15 @@ import streamlit as st
 
 from stepscope.analysis.absent import Absent
 from stepscope.analysis.breakdown import host_breakdown, rank_totals, step_breakdown, step_windows
-from stepscope.analysis.matching import clock_offsets
 from stepscope.store.rankstats.parts import GPU, HOST, Part
 from stepscope.analysis.steps import step_times
 from stepscope.analysis.timeline import late_marks, step_timeline, timeline_parts
-from stepscope.analysis.verdict import verdict
-from stepscope.dashboard._data import context, trace_bytes
+from stepscope.analysis.summary import build_summary
+from stepscope.dashboard._data import context
+from stepscope.dashboard._perfetto import MAX_INLINE_BYTES, open_button_html, rank_trace, trace_seconds
 from stepscope.dashboard._filters import select
 from stepscope.dashboard._view import NS_PER_MS, chart, data_table, frame, guarded, ns_to_ms, shown
-from stepscope.render.units import duration, percent
+from stepscope.units import duration, percent, size
 
 SEVERITY_ICON = {"critical": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 # Findings listed under the verdict (the rest: in the table below them); segments drawn in the
@@ -39,50 +39,66 @@ def _leaves() -> dict[str, Part]:
 
 
 def show_verdict() -> list:
-    """The run, its median step, what bounds it and the findings by time at stake: the summary's
-    first screen (the same analysis: :func:`stepscope.analysis.verdict.verdict`)."""
-    gpu, host = ctx.analysis(step_breakdown), ctx.analysis(host_breakdown)
-    findings = ctx.findings()
-    v = verdict(ctx.store, ctx.run, (gpu, host), findings, ctx.analysis(clock_offsets))
+    """The run, its step basis, what bounds the step and the findings by time at stake: the
+    summary's first screen, from the same document (:func:`stepscope.analysis.summary.build_summary`),
+    so the page and ``stepscope summary`` state the same figures against the same step."""
+    doc = ctx.analysis(build_summary)
+    v = doc["verdict"]
+    findings = v.get("findings") or []
     facts = v["run"]
-    step = v.get("step_ns")
     where = "GPU" if v.get("breakdown") == "gpu" else "host"
     head = (_n(facts.get("ranks") or 0, "rank") + " traced" + (f" of {facts['world_size']}" if facts.get("world_size") else "")
             + (f", {facts['backend']}" if facts.get("backend") else "")
             + (f", {facts['gpu_name']}" if facts.get("gpu_name") else ""))
-    if isinstance(step, Absent):
-        st.info(f"{head}. No step time: {step.reason}", icon=":material/info:")
+    basis = v.get("basis")
+    if basis is None:
+        st.info(f"{head}. No step time: {(v.get('absent_reasons') or {}).get('step_ns', 'no steps')}",
+                icon=":material/info:")
+        whole = v.get("whole_trace")
+        if whole:
+            st.markdown(f"**Whole trace**: {whole['statement']}")
+            _metrics(whole["bound_by"], "of the traced span")
+            st.caption(whole["how_to_mark_steps"])
     else:
-        st.markdown(f"**Median step {duration(step)}** over {_n(v['ranks'], 'rank')} x {_n(v['steps'], 'step')} "
-                    f"({head}); what bounds it ({where} time):")
-        bound = v["bound_by"]
-        cols = st.columns(max(1, len(bound)))
-        for col, b in zip(cols, bound):
-            col.metric(f"{b['label']} ({percent(100 * b['share'])})", duration(b["ns"]),
-                       help=f"{percent(100 * b['share'])} of the summed step windows, x the median step")
+        spread = "" if basis["min_ns"] == basis["max_ns"] else \
+            f"; median {duration(basis['median_ns'])}, steps {duration(basis['min_ns'])} to {duration(basis['max_ns'])}"
+        st.markdown(f"**Step time {duration(basis['step_ns'])}**: the mean step over {_n(v['ranks'], 'rank')} x "
+                    f"{_n(v['steps'], 'step')} ({head}{spread}), the basis of every share and per-step figure on "
+                    f"this page; what bounds it ({where} time):")
+        _metrics(v["bound_by"], "of the summed step windows; time per mean step")
     if not findings:
-        st.success("No finding: no cause costs 1 ms per step or more.", icon=":material/check:")
+        if basis is None:
+            st.info("No finding per step: the run has no steps (see the whole-trace verdict above).",
+                    icon=":material/info:")
+        else:
+            st.success("No finding: no cause costs 1 ms per step or more.", icon=":material/check:")
     for f in findings[:VERDICT_FINDINGS]:
-        stake = f.time_at_stake_ns
+        stake = f.get("time_at_stake_ns")
         cost = f"{duration(stake)}/step" if stake is not None else "not a time"
-        mean = v.get("mean_step_ns")
-        share = f" ({percent(100 * stake / mean)} of the mean step)" if stake is not None and mean else ""
-        with st.expander(f"**{cost}{share}** · {f.message}", icon=SEVERITY_ICON.get(f.severity.value)):
-            st.caption(f"rule `{f.rule}` ({f.severity.value}), ranks {', '.join(map(str, f.ranks)) or 'n/a'}")
-            st.json(dict(f.evidence))
+        share = f" ({percent(100 * f['share_of_step'])} of the mean step)" if f.get("share_of_step") is not None else ""
+        with st.expander(f"**{cost}{share}** · {f['message']}", icon=SEVERITY_ICON.get(f["severity"])):
+            st.caption(f"rule `{f['rule']}` ({f['severity']}), ranks {', '.join(map(str, f['ranks'])) or 'n/a'}")
+            st.json(f["evidence"])
     if len(findings) > VERDICT_FINDINGS:
         with st.expander(f"{len(findings) - VERDICT_FINDINGS} more findings"):
-            data_table(pd.DataFrame([{"rule": f.rule, "at stake (ms/step)": None if f.time_at_stake_ns is None
-                                      else f.time_at_stake_ns / NS_PER_MS, "message": f.message}
-                                     for f in findings[VERDICT_FINDINGS:]]))
+            data_table(pd.DataFrame([{"rule": f["rule"], "at stake per step": f.get("time_at_stake_ns"),
+                                      "message": f["message"]} for f in findings[VERDICT_FINDINGS:]]))
     return findings
+
+
+def _metrics(parts: list, what: str) -> None:
+    """One metric per part: its time, its share in the label (never clipped: the label wraps)."""
+    cols = st.columns(max(1, len(parts)))
+    for col, b in zip(cols, parts):
+        col.metric(b["label"], duration(b["ns"]), delta=percent(100 * b["share"]), delta_color="off",
+                   help=f"{b['label']}: {percent(100 * b['share'])} {what}")
 
 
 def _default_step(findings: list, steps: list[int]) -> int:
     """The step the worst late-rank finding names, else the first profiled step."""
     for f in findings:
-        if f.rule == "comm.late_rank" and f.evidence.get("step") in steps:
-            return int(f.evidence["step"])
+        if f["rule"] == "comm.late_rank" and f["evidence"].get("step") in steps:
+            return int(f["evidence"]["step"])
     return steps[0]
 
 
@@ -115,7 +131,7 @@ def show_timeline(findings: list) -> None:
         cut = len(data) - len(keep)
         data = data.loc[keep]
     lanes = sorted(data["rank"].unique())
-    color = alt.Color("label:N", title="part", sort=[p.label for p in order], legend=alt.Legend(labelLimit=300),
+    color = alt.Color("label:N", title="part", sort=[p.label for p in order], legend=alt.Legend(labelLimit=0, orient="bottom", columns=3),
                       scale=alt.Scale(domain=[p.label for p in order], range=[p.color for p in order]))
     y = alt.Y("rank:O", title="rank", sort=lanes, axis=alt.Axis(labelOverlap=len(lanes) > 32))
     layers = [alt.Chart(data).mark_bar(height=max(6, min(28, 360 // max(len(lanes), 1)))).encode(
@@ -139,12 +155,34 @@ def show_timeline(findings: list) -> None:
                + (f"{cut:,} segments shorter than the {TIMELINE_MAX_BARS:,} drawn are left out. " if cut else "")
                + "Each bar is one stretch of one part (the step breakdown's rules, over time).")
     left, right = st.columns([1, 3])
-    rank = left.selectbox("Open a rank's trace", lanes, key="timeline_rank")
-    left.download_button(f"rank {rank} trace for Perfetto", data=lambda: trace_bytes(ctx, ctx.run, int(rank)),
-                         file_name=f"{ctx.run}-rank{rank}.pt.trace.json.gz", mime="application/gzip",
-                         key=f"timeline_trace:{ctx.run}:{rank}", icon=":material/download:", on_click="ignore")
-    right.markdown(f"Download the rank's trace and drop it on [ui.perfetto.dev](https://ui.perfetto.dev) to see "
-                   f"step {step} event by event (in that rank's own clock).")
+    rank = int(left.selectbox("Open a rank's trace", lanes, key="timeline_rank"))
+    with right:
+        open_in_perfetto(rank, int(step))
+
+
+@st.cache_data(show_spinner="Preparing the rank's trace...", max_entries=4)
+def _rank_trace(root: str, run: str, fingerprint: str, rank: int) -> tuple[bytes, int]:
+    """The rank's trace for Perfetto, once per (store, run, its sources, rank)."""
+    return rank_trace(ctx.store, run, rank)
+
+
+def open_in_perfetto(rank: int, step: int) -> None:
+    """One click: the rank's trace opens in ui.perfetto.dev at ``step`` (:mod:`stepscope.dashboard._perfetto`).
+    A trace too big to hand to the page inline is a download instead."""
+    data, base = _rank_trace(ctx.root, ctx.run, ctx.fingerprint(ctx.run), rank)
+    name = f"{ctx.run}-rank{rank}.pt.trace.json.gz"
+    if len(data) > MAX_INLINE_BYTES:
+        st.download_button(f"rank {rank} trace for Perfetto ({size(len(data))}: too big to open in one click)",
+                           data=data, file_name=name, mime="application/gzip", key=f"timeline_trace:{ctx.run}:{rank}",
+                           icon=":material/download:", on_click="ignore")
+        return
+    windows = frame(ctx.analysis(step_windows))
+    row = windows[(windows["rank"] == rank) & (windows["step"] == step)]
+    start = end = None
+    if len(row):
+        start, end = (trace_seconds(int(row[c].iloc[0]), base) for c in ("start_ns", "end_ns"))
+    st.iframe(open_button_html(data, f"{ctx.run} rank {rank} step {step}", name, start, end), height=48)
+    st.caption(f"Opens a new tab at step {step} of rank {rank}, in that rank's own clock (allow pop-ups for this page).")
 
 
 def breakdown_charts(steps, parts: tuple[Part, ...], key: str) -> None:
@@ -160,7 +198,7 @@ def breakdown_charts(steps, parts: tuple[Part, ...], key: str) -> None:
     long["ms"] = long["ns"] / NS_PER_MS
     long["step_ms"] = long["dur_ns"] / NS_PER_MS
     long["order"] = long["part_col"].map({c: i for i, c in enumerate(labels)})
-    color = alt.Color("part:N", title="part", sort=list(labels.values()), legend=alt.Legend(labelLimit=260),
+    color = alt.Color("part:N", title="part", sort=list(labels.values()), legend=alt.Legend(labelLimit=0, orient="bottom", columns=3),
                       scale=alt.Scale(domain=list(labels.values()), range=[p.color for p in parts]))
     order = alt.Order("order:Q")
     tooltip = [alt.Tooltip("rank:O"), alt.Tooltip("step:O"), alt.Tooltip("part:N"),

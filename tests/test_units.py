@@ -1,10 +1,10 @@
-"""One formatter per unit, one precision rule (stepscope/render/units.py), checked by hand."""
+"""One formatter per unit, one precision rule (stepscope/units.py), checked by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from stepscope.render import units
+from stepscope import units
 
 
 @pytest.mark.parametrize(("ns", "text"), [

@@ -13,7 +13,8 @@ one decimal (``12.3%``); p-values two significant digits. ``None`` reads ``n/a``
 Units are named as the analyses name them (``ns``, ``bytes``, ``gbps``, ``pct``...):
 :data:`FORMATTERS` maps each to its formatter, and :func:`format_value` dispatches on it.
 
-This module imports nothing from stepscope (a leaf): the analysis layer's messages use it too.
+It sits at the top of the package, below both the analyses and the renderers, and imports nothing
+from stepscope (a leaf): the analysis layer's messages use it as the tables do.
 """
 
 from __future__ import annotations
@@ -102,6 +103,80 @@ def number(value: float) -> str:
     return significant(value)
 
 
+def address(value: int) -> str:
+    """A memory address in hex, as allocators and debuggers print it: ``0x7f3a2c000000``."""
+    return f"0x{int(value):x}"
+
+
+def since(ns: float, origin: float) -> str:
+    """A time relative to ``origin`` (the run's start): ``+1.23 s``."""
+    delta = ns - origin
+    return ("-" if delta < 0 else "+") + duration(abs(delta))
+
+
+NAME_WIDTH = 60
+"""Longest name a table cell shows (kernel names run to 2,000 characters); the rest on hover or
+with ``--verbose``."""
+
+
+def short_name(name: str, width: int = NAME_WIDTH) -> str:
+    """``name`` cut to ``width`` characters, its start and end kept (``void at::native::...::kernel``):
+    C++ kernel names differ mostly at their two ends (namespace and template arguments)."""
+    if len(name) <= width:
+        return name
+    head = (width - 3) * 2 // 3
+    return name[:head] + "..." + name[len(name) - (width - 3 - head):]
+
+
+_TIME_SUFFIXES = ("ts_ns", "start_ns", "end_ns", "arrival_ns", "t0_ns", "t1_ns", "alloc_ns", "free_ns")
+"""Keys ending so hold a point in time (epoch ns), not a duration."""
+
+
+def unit_for_key(key: str) -> str:
+    """The unit a value under a JSON or frame key is in, by the analyses' naming: ``*_ns`` a
+    duration (``time`` for the points in time of :data:`_TIME_SUFFIXES`), ``bytes``/``*_bytes``,
+    ``*_gbps``, ``*_pct``, ``addr``/``*_addr``; a ``name`` is a name; anything else a number."""
+    if key == "addr" or key.endswith("_addr"):
+        return "addr"
+    if key.endswith(_TIME_SUFFIXES) or key in ("ts", "start", "end"):
+        return "time"
+    if key.endswith("_ns"):
+        return "ns"
+    if key == "bytes" or key.endswith("_bytes"):
+        return "bytes"
+    if key.endswith("_gbps"):
+        return "gbps"
+    if key.endswith("_pct") or "_pct_of_" in key:
+        return "pct"
+    if key in ("name", "kernel", "op") or key.endswith("_name"):
+        return "name"
+    return "number"
+
+
+def for_key(key: str, value: Any, origin: float | None = None, full_names: bool = False) -> str:
+    """``value`` under ``key`` in human units (:func:`unit_for_key`): durations, sizes, rates,
+    addresses in hex, points in time relative to ``origin`` (the run's start; as a duration
+    since the first of them when no origin is known), names shortened unless ``full_names``."""
+    if value is None:
+        return MISSING
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(for_key(key, v, origin, full_names) for v in value)
+    unit = unit_for_key(key)
+    if isinstance(value, str):
+        return value if unit != "name" or full_names else short_name(value)
+    if not isinstance(value, (int, float)):
+        return str(value)
+    if unit == "time":
+        return since(value, origin) if origin is not None else number(value)
+    if unit == "addr":
+        return address(value)
+    if unit == "name":
+        return number(value)
+    return FORMATTERS[unit](value)
+
+
 FORMATTERS: dict[str, Callable[[Any], str]] = {
     "ns": duration,
     "bytes": size,
@@ -110,6 +185,7 @@ FORMATTERS: dict[str, Callable[[Any], str]] = {
     "p": p_value,
     "count": count,
     "number": number,
+    "addr": address,
     "text": str,
 }
 """Unit name -> formatter. ``ns``, ``bytes`` and ``gbps`` are the analyses' units."""
