@@ -141,8 +141,6 @@ def _a_circle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 KNOWN_CIRCLES = {
-    "stepscope": "analysis imports render.units, render imports analysis: the units move below both "
-                 "(issue 20, item 6; another change)",
     "stepscope.analysis": "findings loads the rule modules through sections, which imports the package",
 }
 """Packages with an import circle today, each to be removed with its fix (the xfail is strict:
