@@ -3,8 +3,9 @@
 A conversion (``ingest.convert_file``) writes a trace's parts, invisible until its ``sources``
 row exists. ``commit_trace`` then decides, under the store's commit lock (``dedupe``), whether
 the trace is already in the run, clashes with a stored one, or is another session of a rank or
-of another job than the run's ranks (``sessions``, ``jobs``), and writes that row. A store on object storage commits
-in a local copy of its commit state (``remote_commit``), through the same function.
+of another job than the run's ranks (``sessions``, ``jobs``), and writes that row. A store on
+object storage commits in a local copy of its commit state (``remote_commit``), through the same
+function.
 
 This module sits below ``ingest`` (which converts and batches) and above the rules it applies
 (``dedupe``, ``sessions``) and the location the parts are in (``writer``, ``location``); it
@@ -125,6 +126,8 @@ def commit_trace(converted: ConvertedTrace, root: Path, *, on_conflict: str = "s
                 with contextlib.suppress(OSError):  # committed already: a missing index entry
                     # only lets a copy in another file through later, never loses this one
                     dedupe.record_content(root, placed.run, c.content_sha256, c.rank, c.source)
+                with contextlib.suppress(OSError):  # likewise: a job record without this trace
+                    # only loosens the job rule (jobs.py), never refuses a trace of the job
                     jobs.record_job(root, placed.run, new.job_facts)
                 return IngestedTrace(c.path, placed.run, c.rank, c.rank_from, c.source,
                                      c.conversion.event_count, skipped=False, note=_session_note(c, placed))

@@ -5,11 +5,11 @@ then one commit per batch, so one per run for ``stepscope ingest``: under the st
 lock (``objectstore.commit_lock``), the ``sources`` rows, content index and ``steps`` parts of
 the runs concerned are downloaded into a local folder (the *shadow*), and the local commit
 (``commit.commit_trace``) decides there for each trace, in the batch's order, with the same
-rules (same trace, overlap, sessions); the parts it moves to a session run or removes are moved
-or removed in the object store (``RemoteParts``). Then the new ``sources`` rows are uploaded, one
-object per trace, and the content index entries (and the runs' job records) after them. A crash before a trace's ``sources``
-object leaves only invisible parts (a later ingest of the file writes them again); each trace is
-visible whole or not at all.
+rules (same trace, overlap, sessions, jobs); the parts it moves to a session run or removes are
+moved or removed in the object store (``RemoteParts``). Then the new ``sources`` rows are
+uploaded, one object per trace, and the content index entries (and the runs' job records, which
+a commit replaces) after them. A crash before a trace's ``sources`` object leaves only invisible
+parts (a later ingest of the file writes them again); each trace is visible whole or not at all.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from stepscope.store.writer import part_path
 
 COMMIT_TABLES = ("sources", INDEX_NAME)
 """What a commit uploads, in this order: the ``sources`` rows (which make traces visible), then
-the content index entries that point at them."""
-COMMIT_STATE = ("sources/run={run}*/rank=*/*.parquet", INDEX_NAME + "/run={run}*/*", "steps/run={run}*/rank=*/*.parquet")
+the content index entries that point at them (and the runs' job records)."""
+COMMIT_STATE = ("sources/run={run}*/rank=*/*.parquet", INDEX_NAME + "/run={run}*/*",
+                "steps/run={run}*/rank=*/*.parquet")
 """What a commit decides on, for a run and its session runs (``<run>-session2``, ...)."""
 
 
