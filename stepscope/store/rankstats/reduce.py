@@ -1,8 +1,8 @@
 """The per-rank tables, and computing all of them for one trace.
 
 Each :class:`RankTable` is a query over relations named like the store's views (``events``,
-``steps``, with ``run`` and ``rank``; and the temporary tables of :func:`prepare`) that returns the table's columns (``source`` first, no
-``run``/``rank``: the partition gives them). :func:`trace_views` makes those relations over one
+``steps``, with ``run`` and ``rank``; and the temporary tables of :func:`prepare`) that returns
+the table's columns (``source`` first, no ``run``/``rank``: the partition gives them). :func:`trace_views` makes those relations over one
 trace's parts, so the converter writes a trace's tables from the parts it just wrote, and
 ``stepscope migrate`` from the parts a store already holds.
 
@@ -95,9 +95,11 @@ TABLES: tuple[RankTable, ...] = (
               "median_launch_delay_ns DOUBLE"),
     RankTable("rank_memory_live", RANK_MEMORY_LIVE, _MEMORY,
               "source VARCHAR, device_type BIGINT, device BIGINT, first_ts_ns BIGINT, last_ts_ns BIGINT, "
-              "peak_ts_ns BIGINT, peak_allocated_bytes BIGINT, live_allocations BIGINT, live_bytes BIGINT", PREPARE_MEMORY),
+              "peak_ts_ns BIGINT, peak_allocated_bytes BIGINT, live_allocations BIGINT, live_bytes BIGINT",
+              PREPARE_MEMORY),
     RankTable("rank_memory_steps", RANK_MEMORY_STEPS, _MEMORY,
-              "source VARCHAR, device_type BIGINT, device BIGINT, step BIGINT, allocations BIGINT, bytes BIGINT", PREPARE_MEMORY),
+              "source VARCHAR, device_type BIGINT, device BIGINT, step BIGINT, allocations BIGINT, bytes BIGINT",
+              PREPARE_MEMORY),
     RankTable("rank_memory_allocations", RANK_MEMORY_ALLOCATIONS, _MEMORY,
               "source VARCHAR, memory_index BIGINT, device_type BIGINT, device BIGINT, addr BIGINT, bytes BIGINT, "
               "step BIGINT, alloc_ts_ns BIGINT, free_ts_ns BIGINT, allocated_by VARCHAR[]", PREPARE_MEMORY),
