@@ -215,7 +215,8 @@ def stage_breakdown(path: Path, label: str) -> None:
     with tempfile.TemporaryDirectory(prefix="stepscope-bench-") as tmp:
         try:
             m = run_snippet(STAGES, f"ingest.ingest_paths([{str(path)!r}], {str(Path(tmp) / 'store')!r}, run='b')\n"
-                            "RESULT = {k: v for k, v in SPENT.items()}", label=label, env=_stepscope_env(), cwd=REPO_ROOT)
+                            "RESULT = {k: v for k, v in SPENT.items()}", label=label, env=_stepscope_env(),
+                            cwd=REPO_ROOT)
         except MeasureError as exc:
             print(f"stage breakdown of {label}: failed ({str(exc).splitlines()[0]})")
             return

@@ -30,8 +30,12 @@ import msgspec
 
 from stepscope.errors import TraceFormatError
 
-PIECE_BYTES = 4 << 20
-"""Target size of one piece of events text (one file DuckDB reads; pieces are read in parallel)."""
+PIECE_BYTES = 16 << 20
+"""Target size of one piece of events text (one file DuckDB reads and types in one statement).
+Each statement costs its planning (~40 ms for the typing query), so fewer, bigger pieces are
+cheaper: on df_index_resolver (54 MB of JSON) 16 MB pieces took the staging from 3.05 s to
+2.25-2.5 s of CPU against 4 MB ones, at the same peak RSS (211 MB against 209 MB; 229 MB for
+its events repeated 5x either way)."""
 HEAD_LIMIT = 256 << 20
 """Text read looking for ``traceEvents`` before a file is declared not a Kineto trace."""
 CUT_TRIES = 16

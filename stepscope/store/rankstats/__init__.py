@@ -35,6 +35,6 @@ it has not been stored); it imports neither, nor torch, nor streamlit.
 """
 
 from stepscope.store.rankstats.reduce import (TABLES, RankTable, no_rows, params, prepare, present,  # noqa: E402
-                                              queries, trace_views)
+                                              queries, share, trace_views)
 
-__all__ = ["TABLES", "RankTable", "no_rows", "params", "prepare", "present", "queries", "trace_views"]
+__all__ = ["TABLES", "RankTable", "no_rows", "params", "prepare", "present", "queries", "share", "trace_views"]

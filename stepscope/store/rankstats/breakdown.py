@@ -87,6 +87,18 @@ def part_sums(breakdown: Breakdown) -> list[str]:
 # HTA's loader (``Trace._filter_irrelevant_gpu_kernels``, default ``include_last_profiler_step=False``)
 # keeps only GPU work whose launch is recorded and started before the last ProfilerStep began,
 # and applies this only when the trace has at least two steps.
+HTA_SCOPE = """
+    AND (
+        (SELECT count(*) FROM steps s WHERE s.run = $run AND s.rank = e.rank) < 2
+        OR EXISTS (
+            SELECT 1 FROM events r
+            WHERE r.run = $run AND r.rank = e.rank AND r.source = e.source
+              AND r.correlation = e.correlation AND r.kind IN ('cuda_runtime', 'cuda_driver')
+              AND r.ts_ns < (SELECT max(s.start_ns) FROM steps s WHERE s.run = $run AND s.rank = e.rank)
+        )
+    )"""
+"""That rule as a filter on the run's ``events e``, any ranks (:func:`gpu_cte`)."""
+
 HTA_KEPT = f"""
 _hta_steps AS (SELECT count(*) AS steps, max(start_ns) AS last_start FROM steps WHERE run = $run),
 _hta_launched AS (
@@ -98,17 +110,18 @@ gpu AS (
     SELECT * FROM _rs_{GPU.name}_gpu
     WHERE (SELECT steps FROM _hta_steps) < 2 OR correlation IN (SELECT correlation FROM _hta_launched)
 )"""
-"""CTE ``gpu``: the trace's GPU work (``_rs_gpu_gpu`` of :data:`PREPARE`) that HTA's loader keeps.
-The views hold one trace (one rank, one source), so a launch matches on its correlation id alone;
-as uncorrelated lookups the planner takes milliseconds (a correlated ``EXISTS`` per event took it
-~0.3 s)."""
+"""CTE ``gpu``: the trace's GPU work (``_rs_gpu_gpu`` of :data:`PREPARE`) that HTA's loader keeps
+(:data:`HTA_SCOPE`, at ingest). The views hold one trace (one rank, one source), so a launch
+matches on its correlation id alone; as uncorrelated lookups the planner takes milliseconds (the
+correlated ``EXISTS`` per event took it ~0.1-0.3 s)."""
 
 
-def gpu_cte(rf: str) -> str:
+def gpu_cte(rf: str, *, hta_scope: bool = False) -> str:
     """``gpu``: every GPU interval of the run with positive duration and its class number.
 
     GPU work that no part of :data:`stepscope.store.rankstats.parts.GPU` claims is an ingest bug and
-    fails the query loudly instead of being counted somewhere.
+    fails the query loudly instead of being counted somewhere. ``hta_scope`` restricts the
+    events to those HTA keeps (over the run's views; ingest uses :data:`HTA_KEPT`).
     """
     cls = class_case(GPU, otherwise="error('GPU event with unexpected category ' || coalesce(category, 'NULL'))")
     return f"""
@@ -116,7 +129,7 @@ gpu AS MATERIALIZED (
     SELECT rank, source, ts_ns AS t0, ts_ns + dur_ns AS t1, step, correlation,
            {cls} AS cls
     FROM events e
-    WHERE run = $run AND kind IN {GPU_KINDS_SQL} AND dur_ns > 0 AND {rf}
+    WHERE run = $run AND kind IN {GPU_KINDS_SQL} AND dur_ns > 0 AND {rf}{HTA_SCOPE if hta_scope else ""}
 )"""
 
 

@@ -69,8 +69,11 @@ def stack_cte(threads: str, out: str) -> str:
 )"""
 
 
+_PREPARED = "mem_events AS (FROM _rs_mem_events), mem AS (FROM _rs_mem_events), allocs AS (FROM _rs_allocs)"
+"""The CTEs a memory table reads, from :data:`PREPARE_MEMORY` (run before the first of them)."""
+
 RANK_MEMORY_PEAKS = f"""
-WITH {memory_cte("TRUE")},
+WITH {_PREPARED},
 ranked AS (
   SELECT *, row_number() OVER w_desc AS rn,
          max(total_reserved) OVER w AS peak_reserved_bytes, min(total_allocated) OVER w AS min_allocated_bytes,
@@ -115,6 +118,14 @@ allocs AS MATERIALIZED (
 )"""
 
 
+PREPARE_MEMORY: tuple[str, ...] = (
+    f"CREATE OR REPLACE TEMP TABLE _rs_mem_events AS WITH {memory_cte('TRUE')} SELECT * FROM mem_events",
+    f"CREATE OR REPLACE TEMP TABLE _rs_allocs AS WITH {allocs_ctes('TRUE')} SELECT * FROM allocs",
+)
+"""The trace's ``[memory]`` events (:func:`memory_cte`) and allocations (:func:`allocs_ctes`) as
+temporary tables, made once for the five memory tables at ingest (each computed the same four
+window passes over every memory event itself)."""
+
 PEAK_CTE = """
 peak AS (
   SELECT rank, device_type, device, ts_ns AS peak_ts_ns, total_allocated AS peak_allocated_bytes
@@ -154,7 +165,7 @@ with one trace the page's curve is the one computed from every event. At most th
 device per trace, against tens of thousands of ``[memory]`` events on a training trace."""
 
 RANK_MEMORY_LIVE = f"""
-WITH {allocs_ctes("TRUE")},
+WITH {_PREPARED},
 {PEAK_CTE},
 {LIVE_AT_PEAK_CTE},
 span AS (
@@ -177,7 +188,7 @@ ORDER BY s.device_type, s.device
 highest peak and the allocations live at it (all of them: the role split needs their sum)."""
 
 RANK_MEMORY_STEPS = f"""
-WITH {allocs_ctes("TRUE")}
+WITH {_PREPARED}
 SELECT source, device_type, device, step, count(*) AS allocations, sum(bytes)::BIGINT AS bytes
 FROM allocs GROUP BY source, device_type, device, step
 ORDER BY device_type, device, step NULLS LAST
@@ -185,7 +196,7 @@ ORDER BY device_type, device, step NULLS LAST
 """The ``rank_memory_steps`` rows of one trace: its allocations per device and step."""
 
 RANK_MEMORY_ALLOCATIONS = f"""
-WITH {allocs_ctes("TRUE")},
+WITH {_PREPARED},
 {PEAK_CTE},
 {LIVE_AT_PEAK_CTE},
 step_ends AS (SELECT DISTINCT end_ns FROM steps WHERE run = $run),
@@ -220,7 +231,7 @@ at the end of the step the role was seen at, or at the trace's end: so every all
 at some step's end, and every one not freed inside the trace)."""
 
 RANK_MEMORY_CURVE = f"""
-WITH {memory_cte("TRUE")},
+WITH {_PREPARED},
 m AS (
   SELECT *, min(ts_ns) OVER s AS t_first, max(ts_ns) OVER s AS t_last
   FROM mem_events

@@ -1,8 +1,8 @@
 """The per-rank tables, and computing all of them for one trace.
 
 Each :class:`RankTable` is a query over relations named like the store's views (``events``,
-``steps``, with ``run`` and ``rank``; and the temporary tables of :func:`prepare`) that returns the table's columns (``source`` first, no
-``run``/``rank``: the partition gives them). :func:`trace_views` makes those relations over one
+``steps``, with ``run`` and ``rank``; and the temporary tables of :func:`prepare`) that returns
+the table's columns (``source`` first, no ``run``/``rank``: the partition gives them). :func:`trace_views` makes those relations over one
 trace's parts, so the converter writes a trace's tables from the parts it just wrote, and
 ``stepscope migrate`` from the parts a store already holds.
 
@@ -26,8 +26,8 @@ from stepscope.store.rankstats.collectives import HOST_SIDE_SQL, RANK_COLLECTIVE
 from stepscope.store.rankstats.copies import RANK_COPIES
 from stepscope.store.rankstats.flops import FLOP_OPS, RANK_FLOP_OPS, RANK_FLOP_TRACES
 from stepscope.store.rankstats.kernels import RANK_CPU_OPS, RANK_KERNELS, RANK_LAUNCHES
-from stepscope.store.rankstats.memory import (RANK_MEMORY_ALLOCATIONS, RANK_MEMORY_CURVE, RANK_MEMORY_LIVE,
-                                              RANK_MEMORY_PEAKS, RANK_MEMORY_STEPS)
+from stepscope.store.rankstats.memory import (PREPARE_MEMORY, RANK_MEMORY_ALLOCATIONS, RANK_MEMORY_CURVE,
+                                              RANK_MEMORY_LIVE, RANK_MEMORY_PEAKS, RANK_MEMORY_STEPS)
 from stepscope.store.rankstats.parts import GPU, HOST
 from stepscope.store.rankstats.pipeline import (ACTION_SQL, P2P_SQL, RANK_P2P, RANK_PIPELINE_ACTIONS,
                                                 RANK_PIPELINE_WORK)
@@ -41,12 +41,15 @@ class RankTable:
     ``needs``: SQL over one ``events`` row (alias ``e``) that holds for every row the query reads
     its answer from, so that a trace with no such row has no row in the table (a test checks it
     on traces without them); ``columns``: the query's columns and DuckDB types, the part written
-    instead of planning the query then. None: always computed."""
+    instead of planning the query then. None: always computed. ``shared``: statements making
+    temporary tables the query reads with other tables' queries, run once before the first of
+    them is computed (not at all when every one is skipped)."""
 
     name: str
     query: str
     needs: str | None = None
     columns: str | None = None
+    shared: tuple[str, ...] = ()
 
 
 _GPU_WORK = f"e.kind IN {GPU_KINDS_SQL} AND e.dur_ns > 0"
@@ -85,22 +88,24 @@ TABLES: tuple[RankTable, ...] = (
     RankTable("rank_memory_peaks", RANK_MEMORY_PEAKS, _MEMORY,
               "source VARCHAR, device_type BIGINT, device BIGINT, step BIGINT, events BIGINT, "
               "peak_allocated_bytes BIGINT, peak_ts_ns BIGINT, peak_reserved_bytes BIGINT, min_allocated_bytes BIGINT, "
-              "rebuilt BOOLEAN, phase VARCHAR, ops_at_peak VARCHAR[]"),
+              "rebuilt BOOLEAN, phase VARCHAR, ops_at_peak VARCHAR[]", PREPARE_MEMORY),
     RankTable("rank_launches", RANK_LAUNCHES,
               f"e.kind IN {GPU_KINDS_SQL} AND e.dur_ns IS NOT NULL AND e.correlation IS NOT NULL",
               "source VARCHAR, launches BIGINT, launch_ns BIGINT, launched_gpu_ns BIGINT, short_launches BIGINT, "
               "median_launch_delay_ns DOUBLE"),
     RankTable("rank_memory_live", RANK_MEMORY_LIVE, _MEMORY,
               "source VARCHAR, device_type BIGINT, device BIGINT, first_ts_ns BIGINT, last_ts_ns BIGINT, "
-              "peak_ts_ns BIGINT, peak_allocated_bytes BIGINT, live_allocations BIGINT, live_bytes BIGINT"),
+              "peak_ts_ns BIGINT, peak_allocated_bytes BIGINT, live_allocations BIGINT, live_bytes BIGINT",
+              PREPARE_MEMORY),
     RankTable("rank_memory_steps", RANK_MEMORY_STEPS, _MEMORY,
-              "source VARCHAR, device_type BIGINT, device BIGINT, step BIGINT, allocations BIGINT, bytes BIGINT"),
+              "source VARCHAR, device_type BIGINT, device BIGINT, step BIGINT, allocations BIGINT, bytes BIGINT",
+              PREPARE_MEMORY),
     RankTable("rank_memory_allocations", RANK_MEMORY_ALLOCATIONS, _MEMORY,
               "source VARCHAR, memory_index BIGINT, device_type BIGINT, device BIGINT, addr BIGINT, bytes BIGINT, "
-              "step BIGINT, alloc_ts_ns BIGINT, free_ts_ns BIGINT, allocated_by VARCHAR[]"),
+              "step BIGINT, alloc_ts_ns BIGINT, free_ts_ns BIGINT, allocated_by VARCHAR[]", PREPARE_MEMORY),
     RankTable("rank_memory_curve", RANK_MEMORY_CURVE, _MEMORY,
               "source VARCHAR, device_type BIGINT, device BIGINT, bucket BIGINT, ts_ns BIGINT, total_allocated BIGINT, "
-              "total_reserved BIGINT, rebuilt BOOLEAN"),
+              "total_reserved BIGINT, rebuilt BOOLEAN", PREPARE_MEMORY),
     RankTable("rank_p2p", RANK_P2P, P2P_SQL,
               "source VARCHAR, step BIGINT, ts_ns BIGINT, dur_ns BIGINT, send BOOLEAN, peer_index BIGINT"),
     RankTable("rank_pipeline_actions", RANK_PIPELINE_ACTIONS, ACTION_SQL,
@@ -165,7 +170,22 @@ def present(con: Any, run: str) -> dict[str, bool]:
 
 def queries(con: Any, run: str) -> Iterator[tuple[str, str]]:
     """Each table's name and the query that writes its part for the trace in ``con``'s views
-    (after :func:`prepare`): its own, or :func:`no_rows` where the trace lacks its input."""
+    (after :func:`prepare`): its own, or :func:`no_rows` where the trace lacks its input. The
+    ``shared`` statements of a computed table run before it is yielded, once."""
     has = present(con, run)
+    done: set[str] = set()
     for table in TABLES:
-        yield table.name, table.query if has.get(table.name, True) else no_rows(table)
+        if not has.get(table.name, True):
+            yield table.name, no_rows(table)
+            continue
+        share(con, run, table, done)
+        yield table.name, table.query
+
+
+def share(con: Any, run: str, table: RankTable, done: set[str] | None = None) -> None:
+    """Run ``table``'s ``shared`` statements in ``con`` (those not in ``done``, which gains them)."""
+    done = set() if done is None else done
+    for statement in table.shared:
+        if statement not in done:
+            con.execute(statement, params(statement, run))
+            done.add(statement)
