@@ -31,6 +31,7 @@ import duckdb
 from stepscope.store import rankstats
 from stepscope.errors import StoreError, StoreWriteError, TraceFormatError, UsageError
 from stepscope.store import dedupe, engine, sessions, trace_metadata
+from stepscope.store.compact import compact_runs
 from stepscope.store.convert import Conversion, SqlPart, Stager, convert
 from stepscope.store.files import select_trace_files
 from stepscope.store.location import is_url
@@ -563,6 +564,7 @@ def ingest_paths(
         return report
     for job, outcome in conversions:
         _record(report, _commit_outcome(outcome, job.file, store, on_conflict), on_done)
+    compact_runs(store, {t.run for t in report.stored if not t.skipped})
     return report
 
 
