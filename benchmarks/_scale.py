@@ -10,7 +10,8 @@
   arrival skew, waits and late ranks are real figures rather than zeros. Every table of the rank
   is copied, the per-rank tables (``rank_*``) included, ``sources`` last (it commits the rest); a
   pure shift keeps every table consistent with the others (each step's parts still sum to the
-  step). It copies the store's Parquet files (no re-ingest), which keeps the setup short.
+  step). It copies the store's Parquet files (no re-ingest), which keeps the setup short, then
+  compacts the run as an ingest's commit does (``stepscope.store.compact``).
   ``scale_rank``: the same from one rank, without jitter.
 - ``repeat_trace``: one trace file whose events are the original's repeated, each copy shifted by
   the trace's span (bench_ingest.py's flat-memory case).
@@ -31,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from stepscope.store import schema
+from stepscope.store.compact import compact_run
 from stepscope.store.writer import part_path, write_partition
 
 TIMESTAMP_COLUMNS = frozenset({"ts_ns", "start_ns", "end_ns", "cpu_start_ns", "trace_start_ns", "trace_end_ns",
@@ -83,6 +85,7 @@ def scale_ranks(src_root: Path, run: str, ranks: Sequence[int], dst_root: Path, 
             write_partition(dst_root, table, dst_run, k, source,
                             _shifted(data, table, source, dst_run, k * shift_ns + jitters[k]))
             assert part_path(dst_root, table, dst_run, k, source).exists()
+    compact_run(dst_root, dst_run)  # as an ingest does when it commits
 
 
 def scale_rank(src_root: Path, run: str, rank: int, dst_root: Path, dst_run: str, copies: int,

@@ -16,7 +16,15 @@ every page under 1 s on ``big8``, the Overview under 3 s on ``wide256``; they ap
 render, what a user sees after a run's first open. Prints measured times and ratios to the
 targets; asserts nothing (timings belong here, not in tests).
 
-    python benchmarks/bench_dashboard.py [--keep DIR]
+``--browser`` (issue 20): the Overview served by ``stepscope dashboard`` to headless Chromium
+(tests/_browser.py), on ``small8``: 8 ranks of ~4.8k events, copies of the two real ranks of
+``hta/trace_filter`` (``_scale.scale_ranks``, jitter under 1 ms), compacted as an ingest leaves
+them. Timed from the navigation: on the first open ever (a new server, ``<store>/cache/`` empty)
+until the verdict and the first chart are drawn (target <= 3 s) and until the whole page is
+(printed); then reopened in a new session (a new page load) until the whole page is drawn
+(target <= 1 s).
+
+    python benchmarks/bench_dashboard.py [--keep DIR] [--browser]
 """
 
 from __future__ import annotations
@@ -92,13 +100,115 @@ def measure(store: Path, run: str, baseline: str | None, pages: tuple[str, ...])
               flush=True)
 
 
+SMALL = ("small8", ("hta/trace_filter/sampled_rank-0.json.gz", "hta/trace_filter/sampled_rank-1.json.gz"), 8)
+BROWSER_TARGETS_S = {"first open: verdict and first chart": 3.0, "reopened: whole page": 1.0}
+PAGE_JS = """
+(() => {
+  const body = document.body ? document.body.innerText : '';
+  const status = document.querySelector('[data-testid="stStatusWidget"]');
+  return JSON.stringify({
+    verdict: body.includes('Median step') || body.includes('No step time'),
+    charts: document.querySelectorAll('.vega-embed canvas, .vega-embed svg').length,
+    running: !!status && (status.innerText || '').includes('Running'),
+    skeletons: document.querySelectorAll('[data-testid="stSkeleton"]').length,
+    failed: document.querySelectorAll('[data-testid="stException"], [data-testid="stAlertContentError"]').length,
+  });
+})()
+"""
+WHOLE_PAGE_CHARTS = 4
+"""The Overview's charts on a GPU run with steps: the step timeline, the two GPU breakdown
+charts, the host ones, the step time over the run (at least this many drawn)."""
+
+
+def _timed_open(browser, url: str, timeout: float = 600.0) -> dict[str, float]:
+    """Navigate to ``url``; seconds until the verdict and a chart show, and until the page is
+    whole (no script running, the charts drawn, stable for three polls)."""
+    import json
+
+    started = time.perf_counter()
+    browser.call("Page.navigate", url=url)
+    first = whole = None
+    stable = 0
+    while time.perf_counter() - started < timeout:
+        time.sleep(0.05)
+        state = json.loads(browser.evaluate(PAGE_JS))
+        if state["failed"]:
+            raise RuntimeError(f"{url}: the page shows an error")
+        now = time.perf_counter() - started
+        if first is None and state["verdict"] and state["charts"] >= 1:
+            first = now
+        ready = state["verdict"] and not state["running"] and state["charts"] >= WHOLE_PAGE_CHARTS \
+            and not state["skeletons"]
+        if ready and whole is None:
+            whole = now
+        stable = stable + 1 if ready else 0
+        if not ready:
+            whole = None
+        if stable >= 3:
+            return {"first": first if first is not None else whole, "whole": whole}
+    raise TimeoutError(f"{url}: not drawn within {timeout:.0f} s")
+
+
+def browser_section(root: Path) -> list[str]:
+    """The Overview on ``small8`` in headless Chromium: first open, then reopened."""
+    import subprocess
+
+    from benchmarks._measure import verdict
+    from benchmarks._scale import scale_ranks
+    from stepscope.store.ingest import ingest_paths
+    from tests._browser import Browser, find_chromium, free_port, wait_http
+
+    chromium = find_chromium()
+    if chromium is None:
+        return ["no chromium installed: the browser part is not measured"]
+    run, traces, copies = SMALL
+    store = root / "small-store"
+    if not store.is_dir():
+        report = ingest_paths([SHARED / t for t in traces], root / "small-src", "src")
+        assert report.ok, report.errors
+        ranks = sorted(t.rank for t in report.stored)
+        scale_ranks(root / "small-src", "src", ranks, store, run, copies, jitter_ns=800_000)
+    shutil.rmtree(store / "cache", ignore_errors=True)  # the first open ever
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "stepscope.cli", "dashboard", "--store", str(store),
+                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=REPO)
+    browser = None
+    try:
+        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 120)
+        browser = Browser(chromium, Path(tempfile.mkdtemp(prefix="bench-chromium-")))
+        url = f"http://127.0.0.1:{port}/overview?run={run}"
+        first = _timed_open(browser, url)
+        reopened = [_timed_open(browser, url) for _ in range(REPEATS)]
+    finally:
+        if browser is not None:
+            browser.close()
+        server.terminate()
+        server.wait(timeout=30)
+    again = statistics.median(r["whole"] for r in reopened)
+    print(f"\n{run} in headless Chromium (Overview): first open, verdict and first chart {first['first']:.2f} s, "
+          f"whole page {first['whole']:.2f} s; reopened, whole page {again:.2f} s (median of {REPEATS})")
+    return [verdict("Overview in Chromium, 8 small ranks, first open: verdict and first chart", first["first"],
+                    BROWSER_TARGETS_S["first open: verdict and first chart"], at_least=False, unit=" s"),
+            verdict("Overview in Chromium, 8 small ranks, reopened: whole page", again,
+                    BROWSER_TARGETS_S["reopened: whole page"], at_least=False, unit=" s")]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", type=Path, help="build the stores here and keep them (reused when present)")
+    parser.add_argument("--browser", action="store_true", help="only the Overview in headless Chromium (small8)")
     args = parser.parse_args()
     if not SHARED.is_dir():
         print(f"{SHARED}: not present; this benchmark needs the shared traces")
         return 2
+    if args.browser:
+        root = args.keep or Path(tempfile.mkdtemp(prefix="bench-dashboard-"))
+        try:
+            print("\n".join(browser_section(root)))
+        finally:
+            if args.keep is None:
+                shutil.rmtree(root, ignore_errors=True)
+        return 0
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-dashboard-"))
     try:
         if not (root / "store").is_dir():

@@ -7,14 +7,25 @@ private in-memory DuckDB, instead of repeating the expensive part once per frame
 
 from __future__ import annotations
 
+import functools
+
+import duckdb
 import pyarrow as pa
 
 from stepscope.store.catalog import connect
 
 
+@functools.lru_cache(maxsize=1)
+def _database() -> duckdb.DuckDBPyConnection:
+    """This process's one private database for these queries (opening a connection costs tens
+    of milliseconds, and a summary runs a dozen of them)."""
+    return connect()  # the tool's thread and memory limits, as on the store's own connection
+
+
 def local_sql(query: str, params: dict[str, object] | None = None, **tables: pa.Table) -> pa.Table:
-    """Run ``query`` with each keyword's Arrow table visible under its name."""
-    con = connect()  # the tool's thread and memory limits, as on the store's own connection
+    """Run ``query`` with each keyword's Arrow table visible under its name (registered on a
+    cursor of its own: two threads' queries never see each other's tables)."""
+    con = _database().cursor()
     try:
         for name, table in tables.items():
             con.register(name, table)

@@ -31,7 +31,7 @@ import pyarrow as pa
 from stepscope.analysis._sql import rank_filter, sweep_ctes
 from stepscope.analysis.absent import NO_COMMUNICATION, NO_GPU_EVENTS, NO_STEPS, Absent, Maybe, missing_rank
 from stepscope.analysis.cache import cached_frame
-from stepscope.analysis.matching import collective_ctes, ranks_with_collectives
+from stepscope.analysis.matching import collective_ctes, matched_ctes, ranks_with_collectives
 from stepscope.analysis.sections import SQLStore
 from stepscope.store.rankstats.breakdown import (
     RANK_SPLITS,
@@ -47,7 +47,10 @@ from stepscope.store.rankstats.segments import REMAINDER, STORED
 
 
 def _run(store: SQLStore, query: str, run: str, extra: dict[str, object]) -> pa.Table:
-    return store.sql(query, {"run": run, **extra})
+    """Run a breakdown query; the cross-rank matching its wait splits inline
+    (:func:`~stepscope.analysis.matching.collective_ctes`) is read from the store's table of it
+    instead, matched once per open store (:func:`~stepscope.analysis.matching.matched_ctes`)."""
+    return store.sql(query.replace(collective_ctes(), matched_ctes(store, run)), {"run": run, **extra})
 
 
 @cached_frame("rank_status")

@@ -11,7 +11,9 @@ module, in any subpackage, invalidates every entry, so a stepscope never serves 
 code computed; no hand-kept list of files to forget). Stale files of
 the same frame and run are removed when a new one is written.
 
-Only whole-run calls are cached (``ranks=None``); a subset of ranks is computed directly.
+Only whole-run calls are cached on disk (``ranks=None``); a subset of ranks is computed directly.
+Within one open ``Store`` every call is computed once (``Store.memo``): the store's views read
+the file list it took when it opened, so nothing they answer changes while it is open.
 An ``Absent`` result is kept too, as its reason in ``<key>.absent``: deciding that a CPU-only run
 has no GPU breakdown runs the whole query (a quarter of a second on the sample runs), and the
 gate asks for it on every comparison. A store folder that cannot be written (read-only mount)
@@ -63,7 +65,8 @@ CODE_HASH = code_hash(code_files(_ANALYSIS), _ANALYSIS.parent)
 """The code every cache key includes (computed once, at import)."""
 
 CACHE_ENV = "STEPSCOPE_NO_CACHE"
-"""Set to 1 to compute every frame afresh (benchmarks of the cold path, debugging)."""
+"""Set to 1 to compute every frame afresh, not read from ``<store>/cache/`` (benchmarks of the
+cold path, debugging); within one open ``Store`` a frame is still computed once."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -89,14 +92,28 @@ def _cache_root(store: Any) -> Path | None:
     return None if root is None else Path(root)
 
 
+def _run_facts(store: Any, run: str) -> tuple[list[dict[str, Any]], list[tuple[str, int, int]]]:
+    """What every key of the run hashes but its arguments: the run's sources and the stamps of
+    its rewritten parts. A store that lists its files once (the catalog's ``Store``) gives the
+    stamps from that list and keeps both for as long as the list holds (``Store.memo``)."""
+
+    def facts() -> tuple[list[dict[str, Any]], list[tuple[str, int, int]]]:
+        rows = store.sql(
+            "SELECT rank, source, sha256 FROM sources WHERE run = $run ORDER BY rank, source", {"run": run}
+        ).to_pylist()
+        if hasattr(store, "part_stamps"):
+            return rows, store.part_stamps(run, REWRITTEN_TABLES)
+        parts_root = getattr(store, "parts_root", None)
+        return rows, rewritten_parts(parts_root, run) if parts_root is not None else []
+
+    memo = getattr(store, "memo", None)
+    return memo(("cache.run_facts", run), facts) if memo is not None else facts()
+
+
 def run_key(store: Any, run: str, args: str) -> str:
     """Hash of the run's sources and rewritten parts, the schema version, the frame's arguments
     and the code."""
-    rows = store.sql(
-        "SELECT rank, source, sha256 FROM sources WHERE run = $run ORDER BY rank, source", {"run": run}
-    ).to_pylist()
-    parts_root = getattr(store, "parts_root", None)
-    parts = rewritten_parts(parts_root, run) if parts_root is not None else []
+    rows, parts = _run_facts(store, run)
     text = repr((rows, parts, SCHEMA_VERSION, args, CODE_HASH))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
@@ -161,7 +178,10 @@ def _read(path: Path) -> pa.Table | Absent | None:
 
 
 def cached_frame(frame: str) -> Callable[[F], F]:
-    """Cache the whole-run result of ``func(store, run, ranks=None, **kwargs)`` under ``frame``."""
+    """Cache the whole-run result of ``func(store, run, ranks=None, **kwargs)`` under ``frame``,
+    and every result (whole run or not) in the store's memo while it is open (``Store.memo``:
+    a frame that several sections need is computed once per process, also with the disk cache
+    off)."""
 
     def decorate(func: F) -> F:
         signature = inspect.signature(func)
@@ -171,22 +191,35 @@ def cached_frame(frame: str) -> Callable[[F], F]:
             bound = signature.bind(store, run, *args, **kwargs)
             bound.apply_defaults()
             options = {k: v for k, v in bound.arguments.items() if k not in ("store", "run")}
-            root = _cache_root(store)
-            if options.get("ranks") is not None or root is None or os.environ.get(CACHE_ENV) == "1":
-                return func(store, run, *args, **kwargs)
-            key = run_key(store, run, repr(sorted(options.items())))
-            path = cache_path(Path(root), frame, run, key)
-            kept = _read(path)
-            if kept is not None:
-                return kept
-            result = func(store, run, *args, **kwargs)
-            if isinstance(result, (pa.Table, Absent)):
-                try:
-                    _write(path, result)
-                except OSError as exc:
-                    log.info("%s: cache not written (%s)", path, exc)
-            return result
+
+            def compute() -> Any:
+                return _on_disk(frame, func, store, run, options, args, kwargs)
+
+            memo = getattr(store, "memo", None)
+            if memo is None:
+                return compute()
+            return memo((frame, run, repr(sorted(options.items()))), compute)
 
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def _on_disk(frame: str, func: Callable[..., Any], store: Any, run: str, options: dict[str, Any],
+             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The frame from ``<store>/cache/`` (whole-run calls, cache on), else computed (and kept there)."""
+    root = _cache_root(store)
+    if options.get("ranks") is not None or root is None or os.environ.get(CACHE_ENV) == "1":
+        return func(store, run, *args, **kwargs)
+    key = run_key(store, run, repr(sorted(options.items())))
+    path = cache_path(Path(root), frame, run, key)
+    kept = _read(path)
+    if kept is not None:
+        return kept
+    result = func(store, run, *args, **kwargs)
+    if isinstance(result, (pa.Table, Absent)):
+        try:
+            _write(path, result)
+        except OSError as exc:
+            log.info("%s: cache not written (%s)", path, exc)
+    return result

@@ -37,6 +37,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from stepscope.analysis._local import local_sql
+from stepscope.analysis._sql import sql_list
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.basis import StepBasis, basis_of
 from stepscope.analysis.breakdown import parts_over, step_windows
@@ -112,12 +114,28 @@ def _cause(part: Part, host_only: bool) -> str:
     return CAUSE_OF_PART[part]
 
 
+_CAUSED_WAITING = f"""
+WITH k AS (
+  SELECT * FROM kernels
+  WHERE late IS NOT NULL AND step IS NOT NULL AND (collective IS NULL OR collective NOT IN {sql_list(POINT_TO_POINT)})
+),
+caused AS (
+  SELECT inst_id FROM k GROUP BY inst_id
+  HAVING bool_or(late) AND sum(greatest(coalesce(exposed_wait_ns, wait_ns, 0), 0)) FILTER (WHERE NOT late) > 0
+)
+SELECT * EXCLUDE (_row) FROM k SEMI JOIN caused USING (inst_id) ORDER BY _row
+"""
+"""The members of the instances that caused waiting (valid, not point-to-point, in a step, a
+late member and an exposed wait above zero among the others: what :func:`_diagnoses` keeps), in
+the order of the kernels' table (``_row``): the grouping is SQL, over every rank at once."""
+
+
 def _instances(kernels: pa.Table) -> dict[int, list[dict[str, Any]]]:
-    """Members of every valid, non point-to-point instance, by instance id."""
+    """Members of every instance that caused waiting (:data:`_CAUSED_WAITING`), by instance id,
+    in the kernels' order."""
+    numbered = kernels.append_column("_row", pa.array(range(kernels.num_rows), pa.int64()))
     out: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for row in kernels.to_pylist():
-        if row["late"] is None or row["collective"] in POINT_TO_POINT or row["step"] is None:
-            continue
+    for row in local_sql(_CAUSED_WAITING, kernels=numbered).to_pylist():
         out[row["inst_id"]].append(row)
     return out
 

@@ -217,13 +217,30 @@ coll AS MATERIALIZED (
 )"""
 
 
+def matched_ctes(store: SQLStore, run: str) -> str:
+    """The CTEs ``coll`` and ``_c_b_off`` of :func:`collective_ctes` for ``run``, the matching
+    done once per open store: ``coll`` is materialised into a table of the store's database the
+    first time a query of the run needs it (``Store.materialize``, memoised by ``Store.memo``)
+    and every later query (the wait splits of both breakdowns, the communication kernels, the
+    clock offsets, lateness) reads that table. ``_c_b_off`` is recomputed from it: it reads only
+    ``coll``'s valid members, the rows it was first computed from. A store without
+    ``materialize`` gets the whole matching inline, as :func:`collective_ctes` gives it."""
+    materialize = getattr(store, "materialize", None)
+    memo = getattr(store, "memo", None)
+    if materialize is None or memo is None:
+        return collective_ctes()
+    table = memo(("matching.coll", run), lambda: materialize(
+        f"WITH {collective_ctes()} SELECT * FROM coll ORDER BY point_id", {"run": run}))
+    return f"coll AS (SELECT * FROM {table} WHERE run = $run),{_offset_ctes('_c_b', 'coll', 'valid')}"
+
+
 @cached_frame("collective_rows")
 def collective_rows(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> pa.Table:
     """Every collective event of the run (``coll``, module docs), restricted to ``ranks``
     after matching (an instance is matched over all ranks whichever are asked for)."""
     predicate, params = rank_filter(ranks, "rank")
     return store.sql(
-        f"WITH {collective_ctes()} SELECT * FROM coll WHERE {predicate} ORDER BY rank, ts_ns",
+        f"WITH {matched_ctes(store, run)} SELECT * FROM coll WHERE {predicate} ORDER BY rank, ts_ns, point_id",
         {"run": run, **params})
 
 
@@ -232,9 +249,15 @@ NO_MATCH = "no collective of this rank was matched with one of another traced ra
 
 def ranks_with_collectives(store: SQLStore, run: str) -> int:
     """How many ranks of the run have a collective event: with fewer than two nothing can be
-    matched, and the analyses skip the matching (a cheap count instead of the whole query)."""
-    return store.sql("SELECT count(DISTINCT rank) AS n FROM rank_collectives WHERE run = $run",
-                     {"run": run}).to_pylist()[0]["n"]
+    matched, and the analyses skip the matching (a cheap count instead of the whole query;
+    once per open store)."""
+
+    def count() -> int:
+        return store.sql("SELECT count(DISTINCT rank) AS n FROM rank_collectives WHERE run = $run",
+                         {"run": run}).to_pylist()[0]["n"]
+
+    memo = getattr(store, "memo", None)
+    return memo(("matching.ranks_with_collectives", run), count) if memo is not None else count()
 
 
 @cached_frame("clock_offsets")
@@ -254,7 +277,7 @@ def clock_offsets(store: SQLStore, run: str) -> pa.Table:
             "$no_match AS absent_reason FROM (SELECT DISTINCT rank FROM sources WHERE run = $run) ORDER BY rank",
             {"run": run, "no_match": NO_MATCH})
     query = f"""
-WITH {collective_ctes()},
+WITH {matched_ctes(store, run)},
 est AS (SELECT * FROM _c_b_off WHERE instances > 0),
 ref AS (SELECT * FROM est ORDER BY rank LIMIT 1)
 SELECT $run AS run, s.rank, coalesce(o.instances, 0) AS instances, (SELECT rank FROM ref) AS reference_rank,

@@ -17,7 +17,7 @@ import pyarrow as pa
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.breakdown import segment_cuts, wait_island_ctes
 from stepscope.analysis.cache import cached_frame
-from stepscope.analysis.matching import collective_ctes, ranks_with_collectives
+from stepscope.analysis.matching import matched_ctes, ranks_with_collectives
 from stepscope.store.rankstats.breakdown import sql_list
 from stepscope.store.rankstats.parts import COMM_EXPOSED, COMMUNICATION_OPS, GPU, HOST, Breakdown, Part
 from stepscope.store.rankstats.segments import STORED, stored_causes
@@ -121,7 +121,7 @@ def step_timeline(store: SQLStore, run: str, step: int, ranks: None = None) -> M
         win = ("_win_step AS (SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM steps "
                "WHERE run = $run AND step = $step)")
     # with fewer than two ranks with collectives nothing is matched: no waits, no clock corrections
-    coll = collective_ctes() if ranks_with_collectives(store, run) >= 2 else (
+    coll = matched_ctes(store, run) if ranks_with_collectives(store, run) >= 2 else (
         "coll AS (SELECT NULL::BIGINT AS rank, NULL::BIGINT AS ts_ns, NULL::BIGINT AS wait_ns, "
         "NULL::BOOLEAN AS host_side, NULL::BIGINT AS clock_correction_ns WHERE FALSE)")
     query = f"""
@@ -146,7 +146,7 @@ def late_marks(store: SQLStore, run: str, step: int, ranks: None = None) -> pa.T
         return pa.table({"rank": pa.array([], pa.int64()), "collective": pa.array([], pa.string()),
                          "t_ns": pa.array([], pa.int64()), "others_wait_ns": pa.array([], pa.int64())})
     query = f"""
-    WITH {collective_ctes()}
+    WITH {matched_ctes(store, run)}
     SELECT c.rank, c.collective, c.aligned_ts_ns AS t_ns,
            (SELECT sum(o.wait_ns) FROM coll o WHERE o.inst_id = c.inst_id AND NOT o.late)::BIGINT AS others_wait_ns
     FROM coll c

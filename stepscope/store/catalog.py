@@ -3,21 +3,29 @@
 Every later layer queries through ``Store.sql`` so there is one place that knows the file
 layout, the partition types, the commit rule (rows count only once their ``sources`` row
 exists) and the schema-version check.
+
+A ``Store`` reads the store's file list once, when it opens (:func:`stepscope.store.compact.read_plan`):
+its views name exactly those files, a run's compacted files (one per table) where they match
+its parts, else the parts. So a query binds a number of files that does not grow with the
+ranks, and what one ``Store`` answers never changes under it: the analyses may keep what they
+computed for as long as it is open (:meth:`Store.memo`). :meth:`Store.refresh` lists the files
+again (the dashboard does, every few seconds, to show new ingests).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import duckdb
 import pyarrow as pa
 
 from stepscope.errors import InternalError, StoreError, UsageError
-from stepscope.store import schema
+from stepscope.store import compact, schema
 from stepscope.store.engine import DEFAULT_MEMORY_LIMIT, MEMORY_LIMIT_ENV, THREADS, connect, resolve_memory_limit
 from stepscope.store.location import is_url, store_files
 
@@ -26,7 +34,11 @@ __all__ = ["DEFAULT_MEMORY_LIMIT", "MEMORY_LIMIT_ENV", "THREADS", "Store", "conn
 
 READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
 
-_HIVE = "hive_partitioning = true, hive_types = {'run': VARCHAR, 'rank': INTEGER}, union_by_name = true"
+_HIVE = compact.HIVE
+_RAW_HIVE = "hive_partitioning = true, hive_types = {'run': VARCHAR, 'rank': INTEGER}"
+"""The raw tables' parts (never compacted) are read by name against the first part's columns:
+every part of one schema version has the same columns and types, and ``union_by_name`` would
+open every part of the store whenever a view is bound (at 1,024 ranks, seconds per open)."""
 
 
 def _sql_string(value: str) -> str:
@@ -35,6 +47,18 @@ def _sql_string(value: str) -> str:
 
 def _sql_list(paths: list[str]) -> str:
     return "[" + ", ".join(_sql_string(p) for p in paths) + "]"
+
+
+class _Shared:
+    """What a ``Store`` and its :meth:`~Store.session` twins share: the file list the views read
+    and what the analyses memoised over it."""
+
+    def __init__(self) -> None:
+        self.plan = compact.ReadPlan()
+        self.memo: dict[tuple[Any, ...], Any] = {}
+        self.tables: list[str] = []
+        """The tables :meth:`Store.materialize` made (dropped when the file list changes)."""
+        self.lock = threading.Lock()
 
 
 class Store:
@@ -57,14 +81,13 @@ class Store:
         self._lock = threading.Lock()
         self.memory_limit = resolve_memory_limit(memory_limit)
         self._con = connect(limit=self.memory_limit, spill=not read_only_sql)
+        self._shared = _Shared()
         with self._own_query():
+            self._shared.plan = compact.read_plan(self._files.root, list(schema.TABLES))
             self._check_version()
-            # The sandbox may read exactly the Parquet files the store holds now, so its views list
-            # them; the trusted views glob, and see parts committed later too.
-            self._parts = {t: self._part_files(t) for t in schema.TABLES} if read_only_sql else None
             self._create_views()
-        if self._parts is not None:
-            self._lock_down(self._parts)
+        if read_only_sql:
+            self._lock_down(self._shared.plan.files())
 
     @property
     def cache_root(self) -> Path:
@@ -78,63 +101,76 @@ class Store:
         machine's copy of an object store's committed parts."""
         return self._files.root
 
-    def _files_exist(self, table: str) -> bool:
-        return self._files.has_parts(table)
-
-    def _part_files(self, table: str) -> list[str]:
-        return self._files.part_files(table)
-
-    def _glob(self, table: str) -> str:
-        return _sql_string(self._files.glob(table))
-
     def _check_version(self) -> None:
-        if not self._files_exist("sources"):
-            return
-        rows = self._con.execute(
-            "SELECT DISTINCT decode(value) FROM parquet_kv_metadata(" + self._glob("sources") + ") "
-            "WHERE decode(key) = 'stepscope.schema_version'"
-        ).fetchall()
-        versions = sorted(int(v) for (v,) in rows)
-        if versions and versions[-1] > schema.SCHEMA_VERSION:
+        parts = self._shared.plan.parts.get("sources", [])
+        versions = set(self._shared.plan.versions)
+        if parts:
+            rows = self._con.execute(
+                "SELECT DISTINCT decode(value) FROM parquet_kv_metadata(" + _sql_list(parts) + ") "
+                "WHERE decode(key) = 'stepscope.schema_version'"
+            ).fetchall()
+            versions.update(int(v) for (v,) in rows)
+        ordered = sorted(versions)
+        if ordered and ordered[-1] > schema.SCHEMA_VERSION:
             raise StoreError(
-                f"{self.root}: store written with schema version {versions[-1]}, newer than this "
+                f"{self.root}: store written with schema version {ordered[-1]}, newer than this "
                 f"stepscope understands ({schema.SCHEMA_VERSION}); upgrade stepscope"
             )
-        if versions and versions[0] < schema.SCHEMA_VERSION:
+        if ordered and ordered[0] < schema.SCHEMA_VERSION:
             raise StoreError(
-                f"{self.root}: store written with schema version {versions[0]}, older than this "
+                f"{self.root}: store written with schema version {ordered[0]}, older than this "
                 f"stepscope's ({schema.SCHEMA_VERSION}); bring it up to date once with "
                 f"`stepscope migrate --store {self.root}`"
             )
 
     def _empty_relation(self, table: schema.Table) -> None:
-        empty = table.schema.empty_table()
-        empty = empty.append_column("run", pa.array([], pa.string()))
-        empty = empty.append_column("rank", pa.array([], pa.int32()))
+        fields = [*table.schema, pa.field("run", pa.string()), pa.field("rank", pa.int32())]
+        # (not ``Schema.empty_table``: it imports pandas, a second of every open)
+        empty = pa.Table.from_arrays([pa.nulls(0, f.type) for f in fields], schema=pa.schema(fields))
         # A table of the database, not a registered Arrow object: every session() sees it too.
-        self._con.from_arrow(empty).create(f"_empty_{table.name}")
+        # Through an empty Parquet file, typed as DuckDB reads the parts (DuckDB's import of an
+        # Arrow table loads pandas).
+        import pyarrow.parquet as pq
+
+        with tempfile.TemporaryDirectory(prefix="stepscope-empty-") as folder:
+            path = str(Path(folder) / f"{table.name}.parquet")
+            pq.write_table(empty, path)
+            self._con.execute(f"CREATE OR REPLACE TABLE _empty_{table.name} AS "
+                              f"SELECT * FROM read_parquet({_sql_string(path)})")
+
+    def _base(self, table: schema.Table) -> str:
+        """The relation a table's view selects from: the compacted files of the runs that have
+        them (committed rows only, ``run`` and ``rank`` stored), then the parts of the others
+        (committed or not: the view keeps the committed)."""
+        name = table.name
+        compacted, parts = self._shared.plan.compacted.get(name, []), self._shared.plan.parts.get(name, [])
+        relations = []
+        if compacted:
+            relations.append(f"SELECT * FROM read_parquet({_sql_list(compacted)}, union_by_name = true)")
+        if parts:
+            hive = _RAW_HIVE if name in compact.RAW_TABLES else _HIVE
+            scan = f"SELECT * FROM read_parquet({_sql_list(parts)}, {hive})"
+            if name != "sources":
+                scan = (f"SELECT t.* FROM read_parquet({_sql_list(parts)}, {hive}) t "
+                        "SEMI JOIN sources s ON t.run = s.run AND t.rank = s.rank AND t.source = s.source")
+            relations.append(scan)
+        if not relations:
+            self._empty_relation(table)
+            return f"SELECT * FROM _empty_{name}"
+        return " UNION ALL BY NAME ".join(relations)
 
     def _create_views(self) -> None:
         con = self._con
-        for table in schema.TABLES.values():
-            name = table.name
-            if self._parts is not None and self._parts[name]:
-                base = f"read_parquet({_sql_list(self._parts[name])}, {_HIVE})"
-            elif self._parts is None and self._files_exist(name):
-                base = f"read_parquet({self._glob(name)}, {_HIVE})"
-            else:
-                self._empty_relation(table)
-                base = f"_empty_{name}"
-            if name == "sources":
-                con.execute(f"CREATE VIEW sources AS SELECT * FROM {base}")
-            else:
-                con.execute(
-                    f"CREATE VIEW {name} AS SELECT t.* FROM {base} t "
-                    "SEMI JOIN sources s ON t.run = s.run AND t.rank = s.rank AND t.source = s.source"
-                )
+        # Every file of the plan has a name of its own (compacted files are never rewritten: a
+        # new token each time) or is rewritten only with the rows it held (a raw part, when its
+        # trace is converted again): DuckDB's cached footers cannot go stale under this Store.
+        unique = not any(files for table, files in self._shared.plan.parts.items() if table not in compact.RAW_TABLES)
+        con.execute(f"SET parquet_metadata_cache = {'true' if unique else 'false'}")
+        for table in (schema.TABLES["sources"], *(t for t in schema.TABLES.values() if t.name != "sources")):
+            con.execute(f"CREATE OR REPLACE VIEW {table.name} AS {self._base(table)}")
         con.execute(
             """
-            CREATE VIEW runs AS
+            CREATE OR REPLACE VIEW runs AS
             SELECT run,
                    any_value(run_name) AS name,
                    min(ingested_at) AS created_at,
@@ -153,7 +189,7 @@ class Store:
         # One row per rank and profiled window (trace): a capture when the watch labelled it.
         con.execute(
             """
-            CREATE VIEW windows AS
+            CREATE OR REPLACE VIEW windows AS
             WITH w AS (
               SELECT run, rank, source::VARCHAR AS source, min(step) AS first_step,
                      max(step) AS last_step, count(*) AS steps
@@ -168,15 +204,58 @@ class Store:
             """
         )
 
-    def _lock_down(self, parts: dict[str, list[str]]) -> None:
-        """No file access but to the store's Parquet parts (not its other files, not a writer's
-        temporary part, not DuckDB's temporary folder), no extensions, settings frozen."""
-        allowed = [path for table in parts.values() for path in table]
+    def _lock_down(self, allowed: list[str]) -> None:
+        """No file access but to the files the views read (not the store's other files, not a
+        writer's temporary part, not DuckDB's temporary folder), no extensions, settings frozen."""
         self._con.execute(f"SET allowed_paths = {_sql_list(allowed)}")
         self._con.execute("SET enable_external_access = false")
         self._con.execute("SET autoinstall_known_extensions = false")
         self._con.execute("SET autoload_known_extensions = false")
         self._con.execute("SET lock_configuration = true")
+
+    def refresh(self) -> bool:
+        """List the store's files again; when they changed (an ingest, a compaction, a part
+        rewritten), point the views at the new list and forget what was memoised. True when
+        they changed. The views are the database's: the :meth:`session` twins see them too."""
+        plan = compact.read_plan(self._files.root, list(schema.TABLES))
+        with self._shared.lock:
+            if plan.listing == self._shared.plan.listing and plan.files() == self._shared.plan.files():
+                return False
+            with self._lock, self._own_query():
+                self._shared.plan = plan
+                self._shared.memo.clear()
+                for name in self._shared.tables:
+                    self._con.execute(f"DROP TABLE IF EXISTS {name}")
+                self._shared.tables.clear()
+                self._check_version()
+                self._create_views()
+        return True
+
+    def memo(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per ``key`` while this store's file list stays what it is: the
+        views read a fixed list of files, so a result computed over them stays true until
+        :meth:`refresh` finds another list (shared with the :meth:`session` twins)."""
+        memo = self._shared.memo
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
+
+    def materialize(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> str:
+        """Run ``query`` once into a table of this store's database and return its name, for
+        later queries to read (a relation several analyses build on: the collectives matched
+        across ranks). The twins of :meth:`session` see it too; the caller memoises the name
+        (:meth:`memo`), and :meth:`refresh` drops the table with the memo."""
+        with self._shared.lock, self._lock, self._own_query():
+            name = f"_materialized_{len(self._shared.tables)}"
+            self._con.execute(f"CREATE OR REPLACE TABLE {name} AS {query}", params)
+            self._shared.tables.append(name)
+        return name
+
+    def part_stamps(self, run: str, tables: tuple[str, ...]) -> list[tuple[str, int, int]]:
+        """``(path under the store, size, mtime_ns)`` of the run's parts of ``tables`` as listed
+        when the store opened (or last refreshed): what a cache key of the run's files needs,
+        without walking the folders again."""
+        return self._shared.plan.stamps(run, tables)
 
     @property
     def tables(self) -> tuple[str, ...]:

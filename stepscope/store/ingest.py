@@ -38,6 +38,7 @@ from stepscope.store import dedupe, engine, rankstats, remote_commit, trace_meta
 from stepscope.store.commit import (ON_CONFLICT, PARTS, ConvertedTrace, IngestedTrace, checked, commit_trace,
                                     problem_line, remove_parts, skipped_trace)
 from stepscope.store.constants import INT64_MAX, INT64_MIN, out_of_range
+from stepscope.store.compact import compact_runs
 from stepscope.store.convert import Conversion, SqlPart, Stager, convert
 from stepscope.store.files import select_trace_files
 from stepscope.store.kineto import KinetoTrace, read_trace
@@ -435,6 +436,7 @@ def ingest_paths(
         return report
     for job, outcome in conversions:
         _record(report, _commit_outcome(outcome, job.file, store, on_conflict), on_done)
+    compact_runs(store, {t.run for t in report.stored if not t.skipped})
     return report
 
 
