@@ -11,7 +11,7 @@ ingested case also renders every dashboard page (AppTest), every ``--cli-every``
 the real command line. Prints the cases tried, the outcomes, the refusals by reason and every
 failure (crash, internal error, hang, memory, invariant); failing inputs are written under
 ``--save`` for the corpus (tests/corpus/). ``--until HH:MM`` (UTC) stops handing out cases then
-and reports what ran.
+and reports what ran; so does Ctrl-C (SIGINT), at once.
 """
 
 from __future__ import annotations
@@ -198,6 +198,8 @@ def main() -> int:
                     _lost(w, f"hang: no answer within {w.budget:.0f} s", todo, results, failures, args.save)
                     workers[i] = Worker(ctx, work, spawned)
                     spawned += 1
+    except KeyboardInterrupt:  # Ctrl-C: report what ran; the cases in flight are left out
+        print(f"interrupted: {sum(w.task is not None for w in workers)} cases in flight left out", flush=True)
     finally:
         for w in workers:
             w.kill()
