@@ -11,7 +11,7 @@ ingested case also renders every dashboard page (AppTest), every ``--cli-every``
 the real command line. Prints the cases tried, the outcomes, the refusals by reason and every
 failure (crash, internal error, hang, memory, invariant); failing inputs are written under
 ``--save`` for the corpus (tests/corpus/). ``--until HH:MM`` (UTC) stops handing out cases then
-and reports what ran; so does Ctrl-C (SIGINT), at once.
+and reports what ran; so do Ctrl-C and SIGTERM, at once.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import datetime as dt
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -142,6 +143,8 @@ def main() -> int:
 
     from tests.fuzz_oracle import PAGES, memory_bound
 
+    for signum in (signal.SIGINT, signal.SIGTERM):  # also when started in the background (SIGINT ignored)
+        signal.signal(signum, signal.default_int_handler)
     if args.target == "snapshots":
         return snapshot_campaign(args.cases, args.seed, args.save)
     t0 = time.monotonic()
