@@ -1,6 +1,7 @@
 """The long fuzz campaign: N mutated traces through ingest, summary and (a sample) the dashboard.
 
     python benchmarks/fuzz_campaign.py --cases 10000 [--seed 26] [--workers 2] [--until 03:20]
+    python benchmarks/fuzz_campaign.py --target snapshots --cases 1000
 
 Hypothesis draws N cases (``tests/fuzz_mutations.py``: structure-aware edits of real traces,
 containers, byte edits) from the seed given; each runs in a worker process through the oracle
@@ -10,7 +11,7 @@ ingested case also renders every dashboard page (AppTest), every ``--cli-every``
 the real command line. Prints the cases tried, the outcomes, the refusals by reason and every
 failure (crash, internal error, hang, memory, invariant); failing inputs are written under
 ``--save`` for the corpus (tests/corpus/). ``--until HH:MM`` (UTC) stops handing out cases then
-and reports what ran.
+and reports what ran; so do Ctrl-C and SIGTERM, at once.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import datetime as dt
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -131,6 +133,9 @@ def main() -> int:
                         help="every K-th ingested case also renders every dashboard page")
     parser.add_argument("--cli-every", type=int, default=100, metavar="M",
                         help="every M-th case also runs the real command line")
+    parser.add_argument("--target", choices=("traces", "snapshots"), default="traces",
+                        help="what to mutate: Kineto traces through ingest (default), or memory snapshots "
+                             "through the snapshot reader (in this process: it is plain Python)")
     parser.add_argument("--until", metavar="HH:MM", help="UTC time after which no case is handed out")
     parser.add_argument("--save", type=Path, default=Path(tempfile.gettempdir()) / "stepscope-fuzz-failures",
                         help="where failing inputs are written")
@@ -138,6 +143,10 @@ def main() -> int:
 
     from tests.fuzz_oracle import PAGES, memory_bound
 
+    for signum in (signal.SIGINT, signal.SIGTERM):  # also when started in the background (SIGINT ignored)
+        signal.signal(signum, signal.default_int_handler)
+    if args.target == "snapshots":
+        return snapshot_campaign(args.cases, args.seed, args.save)
     t0 = time.monotonic()
     todo = CaseStream(args.cases, args.seed)
     deadline = _deadline(args.until)
@@ -192,11 +201,52 @@ def main() -> int:
                     _lost(w, f"hang: no answer within {w.budget:.0f} s", todo, results, failures, args.save)
                     workers[i] = Worker(ctx, work, spawned)
                     spawned += 1
+    except KeyboardInterrupt:  # Ctrl-C: report what ran; the cases in flight are left out
+        print(f"interrupted: {sum(w.task is not None for w in workers)} cases in flight left out", flush=True)
     finally:
         for w in workers:
             w.kill()
         shutil.rmtree(work, ignore_errors=True)
     _report(results, failures, len(todo), t0, args, cli_cases, memory_bound())
+    return 1 if failures else 0
+
+
+def snapshot_campaign(n: int, seed_value: int, save: Path) -> int:
+    """N mutated memory snapshots through ``load_snapshot`` and ``snapshot_table``."""
+    from tests.fuzz_snapshots import check_snapshot, materialize_snapshot, snapshot_cases
+
+    t0 = time.monotonic()
+    kinds: collections.Counter[str] = collections.Counter()
+    failures: list[tuple[int, str]] = []
+    work = Path(tempfile.mkdtemp(prefix="stepscope-fuzz-snap-"))
+    done = 0
+    for chunk in range(0, n, CHUNK):
+        drawn: list[Any] = []
+
+        @seed(seed_value * 100_000 + chunk // CHUNK)
+        @settings(max_examples=min(CHUNK, n - chunk), database=None, phases=[Phase.generate], deadline=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(snapshot_cases())
+        def collect(case: Any) -> None:
+            drawn.append(case)
+
+        collect()
+        for case in drawn[:min(CHUNK, n - chunk)]:
+            path = work / "snapshot.pickle"
+            path.write_bytes(materialize_snapshot(case))
+            kind, problems = check_snapshot(path)
+            kinds[kind] += 1
+            failures += [(done, p) for p in problems]
+            if problems:
+                save.mkdir(parents=True, exist_ok=True)
+                shutil.copy(path, save / f"snapshot-{done:05d}.pickle")
+                print(f"FAIL snapshot case {done}: {problems}\n  {case.describe()[:800]}", flush=True)
+            done += 1
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"snapshot cases tried: {done} (seed {seed_value}), {time.monotonic() - t0:.0f} s: read {kinds['read']}, "
+          f"refused {kinds['refused']}, crashed {kinds['crashed']}; failures: {len(failures)}")
+    for index, failure in failures[:50]:
+        print(f"  case {index}: {failure[:300]}")
     return 1 if failures else 0
 
 

@@ -41,8 +41,10 @@ GPU_PARTS = ("compute_ns", "comm_exposed_ns", "memcpy_h2d_exposed_ns", "memcpy_d
              "memcpy_d2d_exposed_ns", "memcpy_other_exposed_ns", "memset_exposed_ns", "idle_ns")
 IDLE_PARTS = ("idle_host_wait_ns", "idle_kernel_wait_ns", "idle_other_ns")
 HOST_PARTS = ("data_loading_ns", "optimizer_ns", "sync_wait_ns", "compute_ops_ns", "communication_ops_ns", "other_ns")
-NOT_SHARES = ("spread_pct",)
-"""``_pct`` keys that are not a share of a whole (a spread may exceed 100%)."""
+NOT_SHARES = ("spread_pct", "share_of_steps_pct")
+"""``_pct`` keys that are not a share of a whole: a spread, and the top kernels' and ops' summed
+durations over the step windows (docs/ANALYSIS.md: parallel streams and threads add up to more
+than 100%)."""
 
 
 @dataclass

@@ -24,7 +24,7 @@ from tests.fuzz_mutations import SHARED_TRACES, VALUES, _edit
 SNAPSHOT_SEEDS = ("memsnap/magma27_cs336/memory_snapshot.pickle", "memsnap/bcrafton_cs336/memory_snapshot.pickle")
 KEYS = ("segments", "device_traces", "address", "total_size", "requested_size", "stream", "segment_type",
         "frames", "blocks", "state", "size", "time_us", "action", "addr", "device", "filename", "line", "name")
-MAX_ROWS = 200
+MAX_ROWS = 50
 """Each seed's lists are cut to this many entries first: the reader's cost is per row, the
 shapes it meets are the same."""
 

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.fuzz_snapshots import check_snapshot, materialize_snapshot, snapshot_cases, snapshot_seeds
 from tests.fuzz_mutations import SAMPLE_SEEDS, Case, apply_op, cases, materialize, seed_paths
 from tests.fuzz_oracle import (
     Outcome,
@@ -151,3 +153,22 @@ def test_every_edit_applies_to_every_seed() -> None:
     case = Case(seed_paths()[0], tuple(kinds), "indented", ("gz-multi", 0), (("flip", 99, 3),))
     assert materialize(case) == materialize(case)
     assert apply_op([], ("drop", 0, 1)) == []
+
+
+SNAPSHOT_CASES = 15
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=SNAPSHOT_CASES, derandomize=True, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_mutated_memory_snapshots_are_read_or_refused_in_one_line(data: st.DataObject) -> None:
+    """The memory-snapshot reader on mutated real snapshots (../shared/traces/memsnap)."""
+    if not snapshot_seeds():
+        pytest.skip("../shared/traces/memsnap is not present")
+    case = data.draw(snapshot_cases())
+    work, _ = _work()
+    path = work / "snapshot.pickle"
+    path.write_bytes(materialize_snapshot(case))
+    kind, failures = check_snapshot(path)
+    assert not failures, f"{case.describe()}\n{failures}"

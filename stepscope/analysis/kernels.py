@@ -128,7 +128,7 @@ def step_stats(store: SQLStore, run: str, ranks: Sequence[int] | None = None) ->
     ``source`` is ``profiler_steps`` (ProfilerStep CPU windows, ``steps`` table) or
     ``step_times`` (every step the collector timed, ``wall_ns``). Columns: ``run, rank, source,
     steps, min_ns, median_ns, p90_ns, max_ns, mean_ns, spread_pct`` (100 * (max - min) /
-    median). Median and p90 follow :mod:`stepscope.analysis.quantiles` (linear interpolation: an
+    median; null when the median step is 0 ns, where DuckDB's 0/0 gave NaN). Median and p90 follow :mod:`stepscope.analysis.quantiles` (linear interpolation: an
     even count's median is the mean of the two middle steps).
     """
     rf, extra = rank_filter(ranks)
@@ -141,7 +141,7 @@ def step_stats(store: SQLStore, run: str, ranks: Sequence[int] | None = None) ->
     SELECT $run AS run, rank, source, count(*) AS steps, min(d) AS min_ns,
            {median_sql("d")} AS median_ns, {quantile_sql("d", 0.9)} AS p90_ns, max(d) AS max_ns,
            avg(d) AS mean_ns,
-           100.0 * (max(d) - min(d)) / {median_sql("d")} AS spread_pct
+           100.0 * (max(d) - min(d)) / NULLIF({median_sql("d")}, 0) AS spread_pct
     FROM _d GROUP BY rank, source ORDER BY rank, source
     """
     return store.sql(query, {"run": run, **extra})

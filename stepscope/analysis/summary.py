@@ -192,10 +192,15 @@ def ranks_json(result: RanksResult) -> list[dict[str, Any]]:
             "rank": rank,
             "steps": steps,
             "totals": totals_obj,
-            "step_stats": [{k: v for k, v in row.items() if k not in ("run", "rank")} for row in stats.get(rank, [])]
+            "step_stats": [{k: (Absent(ZERO_MEDIAN) if k == "spread_pct" and v is None else v)
+                            for k, v in row.items() if k not in ("run", "rank")} for row in stats.get(rank, [])]
             or Absent(NO_STEPS),
         })
     return out
+
+
+ZERO_MEDIAN = "the median step is 0 ns: a spread relative to it is undefined"
+"""Why ``step_stats[].spread_pct`` is null."""
 
 
 @dataclass(frozen=True)

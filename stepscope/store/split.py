@@ -71,6 +71,15 @@ def _compact(path: Path, text: bytes | bytearray | memoryview) -> bytes:
         raise TraceFormatError(path, DEEP) from exc
 
 
+def _decode_top(path: Path, compact: bytes) -> Any:
+    """The top-level keys' compact text, decoded. ``msgspec.json.format`` checks the grammar but
+    not the strings' encoding: invalid UTF-8 in a top-level key or value surfaces only here."""
+    try:
+        return _ANY.decode(compact)
+    except msgspec.DecodeError as exc:
+        raise TraceFormatError(path, f"not valid JSON in the top-level keys ({exc})") from exc
+
+
 def _error_position(exc: msgspec.DecodeError) -> int | None:
     """The byte msgspec stopped at; None when the text ended first ("truncated")."""
     found = _ERROR_AT.search(str(exc))
@@ -210,7 +219,7 @@ class _Splitter:
             compact = _compact(self.path, text)
         except msgspec.DecodeError:
             return False  # inside a string or a nested value
-        top = _ANY.decode(compact)
+        top = _decode_top(self.path, compact)
         if not isinstance(top, dict):
             return False
         top.pop("traceEvents", None)
@@ -323,7 +332,7 @@ class _Splitter:
             if saved is not None:
                 del text  # release the view before the buffer is written to
                 buf[start:close + 1] = saved
-        top = _ANY.decode(compact)
+        top = _decode_top(self.path, compact)
         if not isinstance(top, dict):
             return None
         top.pop("traceEvents", None)
