@@ -125,6 +125,10 @@ class Store:
             else:
                 self._empty_relation(table)
                 base = f"_empty_{name}"
+            if name in schema.GROWING_TABLES and not base.startswith("_empty_"):
+                # Parts written before a column was added read it as null.
+                self._empty_relation(table)
+                base = f"(SELECT * FROM _empty_{name} UNION ALL BY NAME SELECT * FROM {base})"
             if name == "sources":
                 con.execute(f"CREATE VIEW sources AS SELECT * FROM {base}")
             else:
