@@ -132,7 +132,8 @@ def _step_times(source: str, wall_ns: int, steps: int) -> pa.Table:
     return pa.table({"source": [source] * steps, "step": list(range(steps)),
                      "start_ns": [i * wall_ns for i in range(steps)], "wall_ns": [wall_ns] * steps,
                      "gpu_ns": [None] * steps, "profiled": [False] * steps,
-                     "tokens": [None] * steps, "samples": [None] * steps})
+                     "tokens": [None] * steps, "samples": [None] * steps,
+                     "disturbed_by": [None] * steps})
 
 
 def test_step_times_written_after_the_commit_are_not_hidden_by_the_cache(

@@ -29,8 +29,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.serial]  # judges fresh timings: run
 WATCH = stepscope.Watch(slow_factor=4, min_slow_ms=100, warmup_steps=15, every=10, capture_steps=3,
                         max_per_hour=1, timeout_s=5)
 SLOW_AT = (50, 100)
-"""Far enough from the windows before them that their traces are written (the watch does not
-judge steps meanwhile)."""
+"""Steps where rank 1 is slow. A trace may still be converting then (its niced child takes many
+seconds on a loaded machine): the step is then judged against rank 0's time of the same step
+(``slow_vs_ranks``) instead of rank 1's rolling median (``slow_step``); either names rank 1."""
+KINDS = ("slow_step", "slow_vs_ranks")
 SCHEDULED = [4, 5]  # wait=3, warmup=1, active=2
 
 
@@ -63,9 +65,11 @@ def test_slow_step_on_rank_1_is_captured_on_both_ranks(slow_job: dict[str, Any],
         assert reports[rank]["enabled"]
     rows = store.sql("SELECT * EXCLUDE (source, run) FROM captures ORDER BY rank").to_pylist()
     agreed = captured[0] - 1 - WATCH.capture_warmup
+    kind = rows[0]["trigger_kind"]
+    assert kind in KINDS
     assert [{k: r[k] for k in ("rank", "first_step", "last_step", "trigger_kind", "trigger_rank",
                               "trigger_step", "agreed_step")} for r in rows] == [
-        {"rank": rank, "first_step": captured[0], "last_step": captured[-1], "trigger_kind": "slow_step",
+        {"rank": rank, "first_step": captured[0], "last_step": captured[-1], "trigger_kind": kind,
          "trigger_rank": 1, "trigger_step": SLOW_AT[0], "agreed_step": agreed} for rank in (0, 1)]
     # The trigger's numbers against what rank 1 did and what the step timer saw.
     observed, reference = rows[0]["observed_ns"], rows[0]["reference_ns"]
@@ -73,8 +77,9 @@ def test_slow_step_on_rank_1_is_captured_on_both_ranks(slow_job: dict[str, Any],
     timed = {r["step"]: r["wall_ns"] for r in store.sql(
         "SELECT step, wall_ns FROM step_times WHERE rank = 1 ORDER BY step").to_pylist()}
     assert reports[1]["slept_ns"][SLOW_AT[0]] <= observed <= timed[SLOW_AT[0]]
-    # The reference is the median of the steps the watch judged before (those stepscope did not
-    # disturb): within the middle of rank 1's step times before the slow step.
+    # The reference is an ordinary step: the median of the steps the watch judged before (those
+    # stepscope did not disturb), or rank 0's time of that step scaled by how the ranks usually
+    # compare; either way within the middle of rank 1's step times before the slow step.
     before = [timed[s] for s in range(SLOW_AT[0]) if s not in SCHEDULED]
     deciles = statistics.quantiles(before, n=10)
     assert deciles[0] <= reference <= deciles[-1]
@@ -106,7 +111,7 @@ def test_slow_step_on_rank_1_is_captured_on_both_ranks(slow_job: dict[str, Any],
     assert main(["runs", "--store", slow_job["job"].store, "--format", "json"]) == 0
     (run,) = json.loads(capsys.readouterr().out)
     assert (run["scheduled_steps"], run["captures"], run["capture_windows"]) == (
-        f"{SCHEDULED[0]}-{SCHEDULED[-1]}", 1, f"{captured[0]}-{captured[-1]} slow_step r1@{SLOW_AT[0]}")
+        f"{SCHEDULED[0]}-{SCHEDULED[-1]}", 1, f"{captured[0]}-{captured[-1]} {kind} r1@{SLOW_AT[0]}")
     assert main(["summary", "--store", slow_job["job"].store, "--format", "json"]) == 0
     listed = json.loads(capsys.readouterr().out)["windows"]
     assert [(w["kind"], w["first_step"], w["last_step"], w["ranks"], w["trigger_rank"], w["trigger_step"],

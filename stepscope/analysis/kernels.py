@@ -126,22 +126,29 @@ def step_stats(store: SQLStore, run: str, ranks: Sequence[int] | None = None) ->
     """Step-time statistics per rank, from each source of step times the run has.
 
     ``source`` is ``profiler_steps`` (ProfilerStep CPU windows, ``steps`` table) or
-    ``step_times`` (every step the collector timed, ``wall_ns``). Columns: ``run, rank, source,
-    steps, min_ns, median_ns, p90_ns, max_ns, mean_ns, spread_pct`` (100 * (max - min) /
-    median; null when the median step is 0 ns, where DuckDB's 0/0 gave NaN). Median and p90 follow :mod:`stepscope.analysis.quantiles` (linear interpolation: an
-    even count's median is the mean of the two middle steps).
+    ``step_times`` (every step the collector timed, ``wall_ns``, but those the collector itself
+    disturbed: ``step_times.disturbed_by``). Columns: ``run, rank, source, steps, min_ns,
+    median_ns, p90_ns, max_ns, mean_ns, spread_pct`` (100 * (max - min) / median),
+    ``disturbed_steps`` (the step times left out). Median and p90 follow
+    :mod:`stepscope.analysis.quantiles` (linear interpolation: an even count's median is the
+    mean of the two middle steps).
     """
     rf, extra = rank_filter(ranks)
     query = f"""
     WITH _d AS (
-        SELECT rank, 'profiler_steps' AS source, dur_ns AS d FROM steps WHERE run = $run AND {rf}
+        SELECT rank, 'profiler_steps' AS source, dur_ns AS d, 0 AS disturbed
+        FROM steps WHERE run = $run AND {rf}
         UNION ALL
-        SELECT rank, 'step_times', wall_ns FROM step_times WHERE run = $run AND {rf}
+        SELECT rank, 'step_times', CASE WHEN disturbed_by IS NULL THEN wall_ns END,
+               (disturbed_by IS NOT NULL)::INTEGER
+        FROM step_times WHERE run = $run AND {rf}
     )
-    SELECT $run AS run, rank, source, count(*) AS steps, min(d) AS min_ns,
+    SELECT $run AS run, rank, source, count(d) AS steps, min(d) AS min_ns,
            {median_sql("d")} AS median_ns, {quantile_sql("d", 0.9)} AS p90_ns, max(d) AS max_ns,
            avg(d) AS mean_ns,
-           100.0 * (max(d) - min(d)) / NULLIF({median_sql("d")}, 0) AS spread_pct
-    FROM _d GROUP BY rank, source ORDER BY rank, source
+           100.0 * (max(d) - min(d)) / NULLIF({median_sql("d")}, 0) AS spread_pct,
+           sum(disturbed)::BIGINT AS disturbed_steps
+    FROM _d
+    GROUP BY rank, source ORDER BY rank, source
     """
     return store.sql(query, {"run": run, **extra})

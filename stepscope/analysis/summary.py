@@ -425,7 +425,9 @@ def steps_unstable(results: Results) -> Iterator[Finding]:
             f"{ranks_phrase(ranks_tuple)}: step time varies by {worst['spread_pct']:.0f}% "
             f"(rank {worst['rank']}: median {duration(worst['median_ns'])}, min {duration(worst['min_ns'])}, "
             f"max {duration(worst['max_ns'])} over {worst['steps']} {source}; {duration(worst['excess'])} per step above the "
-            "median): profile steady-state steps, look for stalls or recompilation",
+            "median): profile steady-state steps, look for stalls or recompilation"
+            + (f" ({worst['disturbed_steps']} steps stepscope itself disturbed, profiling, exporting or "
+               "converting a trace, are left out)" if worst.get("disturbed_steps") else ""),
             {"ranks": list(ranks_tuple), "rank": worst["rank"], "source": source, "steps": worst["steps"],
              "spread_pct": round(worst["spread_pct"], 2), "median_ns": worst["median_ns"],
              "min_ns": worst["min_ns"], "max_ns": worst["max_ns"], "excess_ns_per_step": round(worst["excess"])},

@@ -176,6 +176,8 @@ class TraceHandler:
         if self.snapshots is not None:
             self.snapshots.stop()
         self.writer.close(self.flush_timeout_s)
+        if self.sink is not None:
+            self.sink.close()
         if self.policy.strict:
             self.policy.raise_pending()
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -67,6 +69,8 @@ class StoreSink:
     trace_dir: Path | None = None
     convert: str = "process"
     convert_timeout_s: float = 3600.0
+    children: ConversionChildren = field(default_factory=lambda: ConversionChildren(),
+                                         compare=False)
     placed: dict[str, str] = field(default_factory=dict, compare=False)
     """The run each stored trace (by source) went to: the sink's own, or a session run of it
     when the store already held another recording of this rank (``store.sessions``)."""
@@ -121,6 +125,12 @@ class StoreSink:
         and have SIGTERM remove this process's own."""
         exports.remove_stale(self._exports_in())
         exports.clean_up_on_sigterm()
+        if self.convert == "process":
+            self.children.start()
+
+    def close(self) -> None:
+        """After the last conversion: let the spare conversion child go."""
+        self.children.close()
 
     def store_table(self, table: str, source: str, data: pa.Table) -> Path:
         """Write one of the collector's tables as the part of trace ``source`` (in its run)."""
@@ -133,20 +143,70 @@ class StoreSink:
                "rank_from": self.rank_from, "metadata": self.metadata, "tags": self.tags}
         if self.convert == "thread":
             return self._placed(convert_job.convert(job))
+        child = self.children.take()
         with elsewhere():
-            done = subprocess.run([sys.executable, "-m", convert_job.__name__],
-                                  input=json.dumps(job), capture_output=True, text=True,
-                                  timeout=self.convert_timeout_s, check=False,
-                                  env=_child_environment())
-        if done.returncode != 0:
-            convert_job.raise_failure(done.stdout, done.stderr, done.returncode,
-                                      exported.target.name)
-        return self._placed(json.loads(done.stdout))
+            try:
+                stdout, stderr = child.communicate(json.dumps(job), timeout=self.convert_timeout_s)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.communicate()
+                raise RuntimeError(f"converting {exported.target.name} took more than "
+                                   f"{self.convert_timeout_s:.0f} s") from None
+        self.children.start()  # the next trace's child, started while nothing waits for it
+        if child.returncode != 0:
+            convert_job.raise_failure(stdout, stderr, child.returncode, exported.target.name)
+        return self._placed(json.loads(stdout))
 
     def _placed(self, result: dict[str, Any]) -> str:
         source = str(result["source"])
         self.placed[source] = str(result["run"])
         return source
+
+
+class ConversionChildren:
+    """The conversion child of the next trace, started ahead of time: starting a process (the
+    fork and exec of a large training process, then an interpreter starting up before it lowers
+    its priority) during the steps after a window slowed the first of them 1.5-2x on a loaded
+    2-core machine. The spare waits on its stdin for its job; it exits when the job ends without
+    one (stdin closed, also when the training process dies)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spare: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        """Start the spare child unless one waits already."""
+        with self._lock:
+            if self._spare is None or self._spare.poll() is not None:
+                self._spare = _spawn()
+
+    def take(self) -> subprocess.Popen[str]:
+        """The spare child for a job (a fresh one when none waits, or it died)."""
+        with self._lock:
+            child, self._spare = self._spare, None
+        return child if child is not None and child.poll() is None else _spawn()
+
+    def close(self) -> None:
+        with self._lock:
+            child, self._spare = self._spare, None
+        if child is not None:
+            try:
+                child.communicate(timeout=10)  # stdin closed without a job: it exits
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.communicate()
+
+
+_NICE = shutil.which("nice")
+
+
+def _spawn() -> subprocess.Popen[str]:
+    """A conversion child at the lowest CPU priority from its first instruction (``nice``
+    where the system has it; ``convert_job`` lowers its own priority too)."""
+    command = [sys.executable, "-m", convert_job.__name__]
+    return subprocess.Popen(([_NICE, "-n", "19"] if _NICE else []) + command,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_child_environment())
 
 
 def _child_environment() -> dict[str, str]:

@@ -157,7 +157,12 @@ class Store:
         if not relations:
             self._empty_relation(table)
             return f"SELECT * FROM _empty_{name}"
-        return " UNION ALL BY NAME ".join(relations)
+        body = " UNION ALL BY NAME ".join(relations)
+        if name in schema.GROWING_TABLES:
+            # Parts written before a column was added read it as null.
+            self._empty_relation(table)
+            body = f"SELECT * FROM _empty_{name} UNION ALL BY NAME {body}"
+        return body
 
     def _create_views(self) -> None:
         con = self._con

@@ -527,3 +527,8 @@ REWRITTEN_TABLES: tuple[str, ...] = ("step_times", "memory_roles", "memory_snaps
 rewrite later (``step_times`` every few minutes of a long job): the committed sources alone do not
 say what they hold, so whatever caches answers per run must also look at their files."""
 
+GROWING_TABLES: tuple[str, ...] = ("step_times",)
+"""Tables that gained a nullable column without a schema version (``step_times.cpu_ns`` and
+``disturbed_by``):
+the store's view reads it as null in parts written before it, so no migration is needed."""
+
