@@ -11,7 +11,8 @@ from stepscope.store.location import store_location
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", help="run id, store folder (DIR or DIR::RUN) or trace folder")
+    parser.add_argument("run", nargs="+", help="run id, store folder (DIR or DIR::RUN) or trace folder; several: "
+                                               "runs of the same code, compared together (the page shows the first)")
     parser.add_argument("--store", type=store_location, help="store folder or URL (s3://bucket/prefix)")
     parser.add_argument("--out", type=Path, required=True, help="HTML file to write")
     parser.add_argument("--baseline", help="baseline name or run to compare with")
@@ -21,10 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stepscope.analysis.absent import Absent
-    from stepscope.analysis.breakdown import step_breakdown
+    from stepscope.analysis.breakdown import host_breakdown, step_breakdown
     from stepscope.analysis.compare.gate import NO_BASELINE
     from stepscope.analysis.compare.metrics import run_facts
-    from stepscope.store.rankstats.parts import GPU
+    from stepscope.store.rankstats.parts import GPU, HOST
     from stepscope.analysis.summary import build_summary
     from stepscope.commands._runs import resolved
     from stepscope.commands.compare import gate
@@ -33,14 +34,19 @@ def run(args: argparse.Namespace) -> int:
     from stepscope.render.compare_tables import run_line, tables
     from stepscope.store import open_store
 
-    with resolved([args.run], args.store) as (ref,), open_store(ref.store) as store:
+    with resolved(args.run[:1], args.store) as (ref,), open_store(ref.store) as store:
         bundle = _javascript(store.cache_root)
         summary = build_summary(store, ref.run)
-        breakdown = step_breakdown(store, ref.run)
+        breakdown, parts = step_breakdown(store, ref.run), GPU.parts
         overview = [run_line(run_facts(store, ref.run).to_json())]
         charts = []
+        if isinstance(breakdown, Absent):  # a CPU run: where the host's time goes instead
+            gpu_reason = breakdown.reason
+            breakdown, parts = host_breakdown(store, ref.run), HOST.parts
+            if not isinstance(breakdown, Absent):
+                overview.append(f"step breakdown: the host's (no GPU breakdown: {gpu_reason})")
         if not isinstance(breakdown, Absent):
-            charts.append(html_report.breakdown_chart(breakdown.to_pylist(), GPU.parts))
+            charts.append(html_report.breakdown_chart(breakdown.to_pylist(), parts))
         else:
             overview.append(f"step breakdown: not available ({breakdown.reason})")
         page_tables = []

@@ -17,9 +17,11 @@ st.title("Compare")
 with guarded("Compare"):
     comparison = ctx.compare()
     if shown(comparison, "Comparison"):
-        st.caption(f"Baseline **{ctx.baseline}** against **{ctx.run}** (all ranks). Step time from "
-                   f"`{comparison.step_source}`; deltas compare each metric's statistic over the per-step values, "
-                   f"the p-values are one-sided Mann-Whitney U tests.")
+        st.caption(f"Baseline **{ctx.baseline}** against **{ctx.run}** (all ranks), one run each. Step time "
+                   f"from `{comparison.step_source}` (wall time still shown); deltas compare each metric's "
+                   f"statistic over the per-step values, the CPU runs' host parts included. With one run a side "
+                   f"the run-to-run noise is not measured (the noise column says what is assumed), and the "
+                   f"p-values, one-sided Mann-Whitney U tests over the runs' values, claim nothing.")
         for reason in comparison.not_comparable_reasons:
             st.warning(reason, icon=":material/warning:")
 
@@ -27,12 +29,15 @@ with guarded("Compare"):
         for m in comparison.metrics:
             scale, unit = UNIT_SCALE.get(m.unit, (1.0, m.unit))
             test = m.increase if (m.delta or 0) > 0 else m.decrease
+            noise = m.noise
             rows.append({
                 "metric": m.label, "statistic": m.statistic, "unit": unit,
                 "baseline": None if m.base_value is None else m.base_value / scale,
                 "candidate": None if m.cand_value is None else m.cand_value / scale,
                 "delta": None if m.delta is None else m.delta / scale,
                 "delta_pct": m.delta_pct,
+                "noise": None if noise is None else noise.margin / scale,
+                "noise_measured": None if noise is None else noise.measured,
                 "p_value": None if test is None else test.p_value,
                 "absent_reason": m.absent_reason,
             })
