@@ -184,7 +184,7 @@ def test_exposed_rule_fires_on_poorly_overlapped_trace(ingested, shared_traces: 
     assert found.evidence["exposed_transfer_pct_of_steps"] == pytest.approx(
         100 * exposed / sum(r["dur_ns"] for r in breakdown), abs=0.01)
     assert found.message.startswith(f"rank 1: communication transfers exposed for {exposed / steps / 1e6:.1f} ms "
-                                    "per step (21% of the step), mostly all_reduce in backward")
+                                    "per step (21% of the mean step), mostly all_reduce in backward")
     assert "matched with another traced rank's, so part of this may be waiting for a peer" in found.message
 
 

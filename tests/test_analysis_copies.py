@@ -9,8 +9,11 @@ import pytest
 
 from stepscope.analysis import Absent, evaluate
 from stepscope.analysis.copies import copies_section, copy_events, copy_summary
+from stepscope.analysis.breakdown import step_breakdown
 from stepscope.analysis.findings import RULES
+from stepscope.analysis.summary import ranks_section
 from stepscope.store import open_store
+from stepscope.units import bandwidth, size
 from tests.conftest import load_raw
 from tests.rawcalc import compute_union, covered, profiler_steps, span_ns
 
@@ -131,7 +134,9 @@ def test_pageable_rule_fires_on_pageable_h2d(ingested, shared_traces: Path) -> N
     assert len(found) == 1
     assert found[0].evidence["bytes"] == total_bytes == 2312140804
     assert found[0].evidence["bandwidth_gbps"] == pytest.approx(total_bytes / total_ns)
-    assert found[0].message.startswith("rank 0: H2D copies from pageable memory: 2.31 GB at 3.7 GB/s")
+    assert found[0].message.startswith(f"rank 0: H2D copies from pageable memory: {size(total_bytes)} at "
+                                       f"{bandwidth(total_bytes / total_ns)}")
+    assert "2.15 GiB at 3.67 GB/s" in found[0].message  # 2,312,140,804 B / 2**30 = 2.15 GiB
     assert found[0].time_at_stake_ns is None  # no steps in this trace: no time per step
 
 
@@ -168,14 +173,18 @@ def test_exposed_rule_fires_on_exposed_device_copies(ingested, shared_traces: Pa
     exposed = sum(end - start - covered(start, end, islands)
                   for start, end, d, h, nbytes, _ in _raw_copies(doc) if d == "d2d")
     steps_ns = sum(end - start for _, start, end in profiler_steps(doc))
-    found = evaluate({"copies": copies_section(open_store(ingested(relative)), "t", None)}, [RULES["copies.exposed"]])
+    store = open_store(ingested(relative))
+    found = evaluate({"copies": copies_section(store, "t", None), "ranks": ranks_section(store, "t", None)},
+                     [RULES["copies.exposed"]])
     assert [f.evidence["direction"] for f in found] == ["d2d"]
     assert found[0].evidence["exposed_ns"] == exposed
     assert found[0].evidence["exposed_pct_of_steps"] == pytest.approx(100 * exposed / steps_ns)
     steps = len(profiler_steps(doc))
     assert found[0].time_at_stake_ns == round(exposed / steps)
+    windows = [r["dur_ns"] for r in step_breakdown(store, "t").to_pylist()]  # the basis: the mean step window
+    share = 100 * (exposed / steps) / (sum(windows) / len(windows))
     assert found[0].message.startswith(f"rank 1: D2D copies exposed for {exposed / steps / 1e6:.1f} ms per step "
-                                       "(12% of the step; 27.92 GB")
+                                       f"({share:.0f}% of the mean step; {size(found[0].evidence['bytes'])}")
 
 
 def test_exposed_rule_quiet_when_copies_are_small_or_hidden(ingested) -> None:

@@ -394,3 +394,19 @@ def test_runs_page_lists_captures_next_to_the_schedule(tmp_path: Path, monkeypat
     assert (capture["trigger_kind"], capture["trigger_rank"], capture["trigger_step"]) == ("slow_step", 1, 40)
     assert (capture["observed_ms"], capture["reference_ms"], capture["slow_ratio"]) == (187.5, 37.5, 5.0)
     assert capture["latency_steps"] == 11
+
+
+@pytest.mark.shared
+def test_overview_of_a_run_without_steps_states_the_whole_trace(shared_traces: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """param/resnet_kineto has no ProfilerStep: no green "No finding", but the summary's
+    whole-trace verdict (its parts over the trace, idle included) and how to mark steps."""
+    assert ingest_paths([shared_traces / "param/resnet_kineto.json.gz"], tmp_path / "s", "r").ok
+    at = open_page(tmp_path / "s", "overview", monkeypatch)
+    assert_clean(at)
+    with open_store(tmp_path / "s") as store:
+        whole = build_summary(store, "r")["verdict"]["whole_trace"]
+    assert any(m.value.startswith(f"**Whole trace**: {whole['statement']}") for m in at.markdown)
+    assert [(m.label, m.value) for m in at.metric] == [(b["label"], duration(b["ns"])) for b in whole["bound_by"]]
+    assert any(c.value == whole["how_to_mark_steps"] for c in at.caption)
+    assert not at.success  # never "No finding" on a trace whose steps were not marked

@@ -438,3 +438,32 @@ def test_no_low_mfu_finding_when_not_compute_bound(ingested: Callable[[str], Pat
     assert not [f for f in doc["findings"] if f["rule"] == "mfu.low"]
     cpu = build_summary(_store([SAMPLES / "cpu-transformer"], tmp_path / "s"), "r")
     assert not [f for f in cpu["findings"] if f["rule"] == "mfu.low"]
+
+
+@pytest.mark.shared
+def test_the_count_says_what_it_skipped_and_mfu_needs_the_products_sized(ingested, shared_traces: Path) -> None:
+    """resnet50 (2021): shapes as 'Input dims' without stride or padding, so every convolution
+    and matrix product is skipped. The kernels they launched, counted from the raw JSON (a
+    Runtime call on the op's thread while it ran, its correlation's kernels, each once), are what
+    the family rows report; with nothing sized, no MFU can be stated."""
+    from stepscope.analysis.flops import Coverage, flops_by_family, skipped_kernels
+
+    relative = "kineto_tb_plugin/old_2021-02/resnet50_profiler_api_num_workers_0.worker0.pt.trace.json.gz"
+    raw = load_raw(shared_traces / relative)["traceEvents"]
+    ops = {"conv": ("aten::convolution",), "matmul": ("aten::mm", "aten::addmm")}
+    kernels = {e["args"]["correlation"]: e["dur"] for e in raw if e.get("cat") == "Kernel"}
+    runtime = [e for e in raw if e.get("cat") == "Runtime"]
+    expected = {}
+    for family, names in ops.items():
+        spans = [(e["tid"], e["ts"], e["ts"] + e["dur"]) for e in raw if e.get("name") in names and e.get("ph") == "X"]
+        hit = {r["args"]["correlation"] for r in runtime for tid, a, b in spans if r["tid"] == tid and a <= r["ts"] <= b}
+        expected[family] = sum(kernels[c] for c in hit if c in kernels) * 1000
+    store = open_store(ingested(relative))
+    skipped = skipped_kernels(store, "t")
+    assert {f: ns for (_, f), (_, ns) in skipped.items()} == expected
+    assert expected["conv"] > 100_000_000  # 136 ms of cuDNN kernels behind the skipped convolutions
+    rows = {r["family"]: r for r in flops_by_family(store, "t").to_pylist()}
+    assert rows["conv"]["uncounted_kernel_ns"] == expected["conv"] and rows["conv"]["ops"] == 0
+    reason = Coverage(0, expected["conv"], 318).absence()
+    assert reason and "318 product ops" in reason and "MFU needs 90%" in reason
+    assert Coverage(95, 5, 1).absence() is None and Coverage(89, 11, 1).absence() is not None

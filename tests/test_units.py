@@ -46,3 +46,21 @@ def test_every_unit_the_comparison_uses_has_a_formatter() -> None:
     from stepscope.analysis.compare.budgets import BUDGET_METRICS
 
     assert set(BUDGET_METRICS.values()) <= set(units.FORMATTERS)
+
+
+def test_values_read_in_the_unit_their_key_names() -> None:
+    """Section tables format by key: durations, sizes, rates, percentages, hex addresses, times
+    since the run's start, names cut in the middle (whole on request)."""
+    assert units.for_key("max_wait_ns", 31_322_645) == "31.3 ms"
+    assert units.for_key("peak_allocated_bytes", 3 * 2**30) == "3.00 GiB"
+    assert units.for_key("busbw_gbps", 12.34) == "12.3 GB/s"
+    assert units.for_key("exposed_pct_of_steps", 97.668) == "97.7%"
+    assert units.for_key("addr", 140_737_488_355_328) == "0x800000000000"
+    assert units.for_key("late_arrival_ns", 1_000_032_800_000, origin=1_000_000_000_000) == "+32.8 ms"
+    assert units.for_key("late_ranks", [5, 6, 7]) == "5, 6, 7"
+    assert units.for_key("host_side", True) == "yes" and units.for_key("steps", None) == "n/a"
+    name = "void at::native::elementwise_kernel<128, 4, " + "x" * 300 + ">(int, float)"
+    short = units.for_key("name", name)
+    assert len(short) == units.NAME_WIDTH and short.startswith("void at::native::") and short.endswith("(int, float)")
+    assert units.for_key("name", name, full_names=True) == name
+    assert units.short_name("aten::mm") == "aten::mm"

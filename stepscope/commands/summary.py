@@ -145,7 +145,8 @@ def _rank_blocks(rank: dict[str, Any]) -> Iterator[Block]:
                      _share(totals["non_compute_ns"], span), format_value(overlap, "pct")]])
     stats = rank.get("step_stats")
     if stats:
-        yield (f"rank {r}: step times",
+        yield (f"rank {r}: step times (profiler_steps: the ProfilerStep CPU windows; step_times: the collector's "
+               "wall time of every step; the verdict's basis is the mean step window)",
                ["source", "steps", "median", "p90", "min", "max", "spread"],
                [[s["source"], str(s["steps"]), ns_cell(s["median_ns"]), ns_cell(s["p90_ns"]), ns_cell(s["min_ns"]),
                  ns_cell(s["max_ns"]), format_value(s["spread_pct"], "pct")] for s in stats])
