@@ -30,6 +30,11 @@ _CPP_FRAMES = [
     ("??", 0, "torch::unwind::unwind()"),
     ("CUDACachingAllocator.cpp", 0, "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"),
 ]
+_BACKWARD_FRAMES = [
+    ("??", 0, "torch::autograd::Engine::evaluate_function(std::shared_ptr<torch::autograd::GraphTask>&)"),
+    ("/usr/lib/python3.11/site-packages/torch/_tensor.py", 626, "backward"),
+    ("/home/u/train.py", 44, "train_step"),
+]
 
 
 class _Frames:
@@ -39,8 +44,8 @@ class _Frames:
         self._made: dict[tuple, dict[str, Any]] = {}
         self.cpp = cpp
 
-    def stack(self, *picks: int) -> list[dict[str, Any]]:
-        chosen = ([*_CPP_FRAMES] if self.cpp else []) + [_PY_FRAMES[i] for i in picks]
+    def stack(self, *picks: int, backward: bool = False) -> list[dict[str, Any]]:
+        chosen = ([*_CPP_FRAMES] if self.cpp else []) + (_BACKWARD_FRAMES if backward else [_PY_FRAMES[i] for i in picks])
         out = []
         for f in chosen:
             if f not in self._made:
@@ -50,9 +55,11 @@ class _Frames:
 
 
 def build(version: str = "2.5", *, devices: int = 1, expandable: bool = False, oom: bool = False,
-          cpp: bool = False, repeat: int = 1) -> dict[str, Any]:
-    """A snapshot whose history, per device, allocates A (8 MB, forward), B (2 MB), frees A,
-    allocates C (4 MB) ``repeat`` times over, then (``oom``) fails to allocate 64 MB."""
+          cpp: bool = False, repeat: int = 1, oom_request: int = 64 * MB) -> dict[str, Any]:
+    """A snapshot whose history, per device, allocates A (8 MB, forward), B (2 MB), G (1 MB, in
+    the backward), frees A (in the backward: A is an activation), allocates and frees C (4 MB),
+    frees G, ``repeat`` times over, allocates C again, then (``oom``) fails to allocate
+    ``oom_request`` bytes with 6 MB free on the device."""
     frames = _Frames(cpp)
     new = version != "2.0"
     segments, traces = [], []
@@ -73,25 +80,28 @@ def build(version: str = "2.5", *, devices: int = 1, expandable: bool = False, o
 
         grow, shrink = ("segment_map", "segment_unmap") if expandable else ("segment_alloc", "segment_free")
         event(grow, seg_addr, 20 * MB, frames.stack(0, 1))
-        a, b, c = seg_addr, seg_addr + 8 * MB, seg_addr + 10 * MB
+        a, b, c, g = seg_addr, seg_addr + 8 * MB, seg_addr + 10 * MB, seg_addr + 16 * MB
         for _ in range(repeat):
-            event("alloc", a, 8 * MB, frames.stack(0, 1, 2, 3))
+            event("alloc", a, 8 * MB, frames.stack(2, 3, 1, 0))
             event("alloc", b, 2 * MB, frames.stack(0, 1))
+            event("alloc", g, 1 * MB, frames.stack(backward=True))
             event("free_requested", a, 8 * MB, frames.stack(0))
             event("free_completed", a, 8 * MB, frames.stack(0))
-            event("alloc", c, 4 * MB, frames.stack(0, 1, 2))
+            event("alloc", c, 4 * MB, frames.stack(2, 1, 0))
             event("free_requested", c, 4 * MB, [])
             event("free_completed", c, 4 * MB, [])
-        event("alloc", c, 4 * MB, frames.stack(0, 1, 2))
+            event("free_requested", g, 1 * MB, [])
+            event("free_completed", g, 1 * MB, [])
+        event("alloc", c, 4 * MB, frames.stack(2, 1, 0))
         if oom:
-            event("oom", 6 * MB, 64 * MB, frames.stack(0, 1, 2, 3))  # addr: the device's free bytes
+            event("oom", 6 * MB, oom_request, frames.stack(0, 1, 2, 3))  # addr: the device's free bytes
         if expandable:
             event(shrink, seg_addr + 16 * MB, 4 * MB, [])
         traces.append(entries)
         blocks = [
             {"size": 8 * MB, "state": "inactive", "addr": a, "stack": []},
             {"size": 2 * MB, "state": "active_allocated", "addr": b, "stack": frames.stack(0, 1), "req": 2 * MB - 512},
-            {"size": 4 * MB, "state": "active_allocated", "addr": c, "stack": frames.stack(0, 1, 2), "req": 4 * MB},
+            {"size": 4 * MB, "state": "active_allocated", "addr": c, "stack": frames.stack(2, 1, 0), "req": 4 * MB},
             {"size": (2 if expandable else 6) * MB, "state": "inactive", "addr": c + 4 * MB, "stack": []},
         ]
         seg: dict[str, Any] = {"device": device, "address": seg_addr, "total_size": (16 if expandable else 20) * MB,

@@ -227,9 +227,9 @@ class _Tap:
 
 @dataclass
 class SnapshotRead:
-    """What one pass over a snapshot file gives: the snapshot without its history entries'
-    contents (segments, blocks, settings as they were), the history as columns, the stacks, and
-    the file's sha256 and size."""
+    """What one pass over a snapshot file gives: the snapshot without its ``device_traces``
+    (segments, blocks, settings as they were), the history as columns, the stacks, and the
+    file's sha256 and size."""
 
     snapshot: dict[str, Any]
     history: History
@@ -274,6 +274,7 @@ def _read(path: Path, stream: bool) -> SnapshotRead:
         _take_the_rest(snapshot, taker)
     except (TypeError, ValueError, OverflowError) as exc:
         raise TraceFormatError(path, f"not a memory snapshot ({exc})") from exc
+    snapshot.pop("device_traces", None)  # only empty shells now: their memory goes before the tables
     return SnapshotRead(snapshot, taker.history, taker.stacks, tap.sha256.hexdigest(), tap.bytes, early)
 
 
