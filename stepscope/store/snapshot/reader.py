@@ -22,7 +22,9 @@ from __future__ import annotations
 import gc
 import hashlib
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -36,6 +38,7 @@ SCAN_BYTES = 16 << 20
 NULL = INT64_MIN
 """A value absent from an entry, in the integer columns (made null when the table is built)."""
 NO_STACK = -1
+_FIELDS = itemgetter("action", "addr", "size", "stream", "time_us", "frames")
 
 Frame = tuple[Any, Any, Any]
 """``(filename, line, name)`` of one frame, as recorded."""
@@ -71,7 +74,7 @@ class Stacks:
     def __init__(self) -> None:
         self.frames: list[tuple[Frame, ...]] = []
         self._by_value: dict[tuple[Frame, ...], int] = {}
-        self._by_ids: dict[tuple[int, ...], int] = {}
+        self.by_ids: dict[tuple[int, ...], int] = {}
         self._alive: list[tuple[Any, ...]] = []
 
     def stack_id(self, frames: Any) -> int:
@@ -84,9 +87,9 @@ class Stacks:
         if type(first) is int:  # a list already taken: it holds its stack id only
             return first
         key = tuple(map(id, frames))
-        found = self._by_ids.get(key)
+        found = self.by_ids.get(key)
         if found is None:
-            found = self._by_ids[key] = self._by_value_id(frames)
+            found = self.by_ids[key] = self._by_value_id(frames)
             self._alive.append(tuple(frames))  # the identities in ``key`` stay theirs
         return found
 
@@ -100,7 +103,7 @@ class Stacks:
 
     def release(self) -> None:
         """Forget the identity index and let the frames it kept alive go."""
-        self._by_ids.clear()
+        self.by_ids.clear()
         self._alive.clear()
 
 
@@ -124,26 +127,37 @@ class _Taker:
         self.taken = array("Q")
         self._codes: dict[str, int] = {}
 
-    def take(self, entry: Any) -> None:
-        if type(entry) is not dict:
-            raise TypeError("a history entry is not an object")
-        get = entry.get
-        action = get("action")
-        code = self._codes.get(action)  # type: ignore[arg-type]
-        if code is None:
-            code = self._new_action(action)
-        h = self.history
-        h.action.append(code)
-        for column, key in ((h.address, "addr"), (h.size, "size"), (h.stream, "stream"), (h.time_us, "time_us")):
-            value = get(key)
-            column.append(NULL if value is None else value)
-        frames = get("frames")
-        stack = self.stacks.stack_id(frames)
-        h.stack.append(stack)
-        if stack != NO_STACK and type(frames[0]) is not int:
-            frames[:] = (stack,)  # one shared int per stack, in place of the frames
-        self.taken.append(id(entry))
-        entry.clear()
+    def take(self, entries: Iterable[Any]) -> None:
+        """Take ``entries`` in order (one loop with its lookups bound: it runs millions of times)."""
+        h, codes, new_action, stack_id = self.history, self._codes, self._new_action, self.stacks.stack_id
+        by_ids = self.stacks.by_ids
+        action_col, address_col, size_col = h.action.append, h.address.append, h.size.append
+        stream_col, time_col, stack_col, taken = h.stream.append, h.time_us.append, h.stack.append, self.taken.append
+        for entry in entries:
+            if type(entry) is not dict:
+                raise TypeError("a history entry is not an object")
+            try:
+                action, address, size, stream, time_us, frames = _FIELDS(entry)
+            except KeyError:  # torch 2.0 writes no time_us; any other field may be missing too
+                get = entry.get
+                action, address, size, stream, time_us, frames = (get("action"), get("addr"), get("size"),
+                                                                  get("stream"), get("time_us"), get("frames"))
+            code = codes.get(action)
+            action_col(new_action(action) if code is None else code)
+            address_col(NULL if address is None else address)
+            size_col(NULL if size is None else size)
+            stream_col(NULL if stream is None else stream)
+            time_col(NULL if time_us is None else time_us)
+            if type(frames) is list and frames and type(frames[0]) is not int:
+                stack = by_ids.get(tuple(map(id, frames)))  # ``Stacks.stack_id``'s first step, inlined
+                if stack is None:
+                    stack = stack_id(frames)
+                frames[:] = (stack,)  # one shared int per stack, in place of the frames
+            else:
+                stack = stack_id(frames)
+            stack_col(stack)
+            taken(id(entry))
+            entry.clear()
 
     def _new_action(self, action: Any) -> int:
         if not isinstance(action, str):
@@ -180,15 +194,11 @@ class _Scanner:
         region = refs[self._prefix:len(refs) - self._done]
         del refs
         region.reverse()  # the memo, from position ``_done`` on, in creation order
-        take = self.taker.take
-        pending: int | None = None  # the first empty dict after the last entry taken
-        for position, obj in enumerate(region):
-            if type(obj) is dict:
-                if "action" in obj:
-                    take(obj)
-                    pending = None
-                elif not obj and pending is None:
-                    pending = position  # an entry still being filled, maybe: scan it again
+        last = next((i for i in range(len(region) - 1, -1, -1)
+                     if type(region[i]) is dict and "action" in region[i]), -1)
+        self.taker.take([o for o in region[:last + 1] if type(o) is dict and "action" in o])
+        # the first empty dict after the last entry taken may be an entry still being filled
+        pending = next((i for i in range(last + 1, len(region)) if type(region[i]) is dict and not region[i]), None)
         self._done += len(region) if pending is None else pending
 
 
@@ -260,12 +270,16 @@ def _read(path: Path, stream: bool) -> SnapshotRead:
     with handle:
         tap = _Tap(handle, scanner)
         scanner.unpickler = SnapshotUnpickler(tap)  # type: ignore[arg-type]
+        collecting = gc.isenabled()
+        gc.disable()  # millions of new dicts and lists, none of them garbage: ~25% of the CPU time
         try:
             loaded = load_with(scanner.unpickler, path)
         except (TypeError, ValueError, OverflowError) as exc:  # raised by a take
             raise TraceFormatError(path, f"not a memory snapshot ({exc})") from exc
         finally:
             scanner.unpickler = None
+            if collecting:
+                gc.enable()
         if handle.read(1):
             raise TraceFormatError(path, "not a memory snapshot (data after the pickle's end)")
     snapshot = checked_snapshot(loaded, path)
@@ -288,13 +302,13 @@ def _take_the_rest(snapshot: dict[str, Any], taker: _Taker) -> None:
     early, taken = len(taker.taken), taker.taken
     position = 0
     for entries in traces:
-        for entry in entries:
-            if position < early:
-                if id(entry) != taken[position] or entry:
-                    raise _Reordered
-                position += 1
-            else:
-                taker.take(entry)
+        seen = min(len(entries), early - position)  # this list's entries taken early
+        for index in range(seen):
+            entry = entries[index]
+            if id(entry) != taken[position + index] or entry:
+                raise _Reordered
+        position += seen
+        taker.take(entries[seen:])
         taker.history.device_rows.append(len(entries))
     if position < early:
         raise _Reordered
