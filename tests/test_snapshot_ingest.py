@@ -204,3 +204,12 @@ def test_a_registered_extension_code_is_refused_too(tmp_path: Path) -> None:
             reader.read_snapshot(path)
     finally:
         copyreg.remove_extension("os", "system", 240)
+
+
+def test_the_collector_reads_snapshots_with_the_stores_unpickler() -> None:
+    """One place unpickles snapshots: the collector's names are the store's."""
+    from stepscope.collector import memory_snapshot
+    from stepscope.store.snapshot import unpickle
+
+    assert memory_snapshot.SnapshotUnpickler is unpickle.SnapshotUnpickler
+    assert memory_snapshot.load_snapshot is unpickle.load_snapshot
