@@ -63,6 +63,8 @@ class Finding:
     evidence: Mapping[str, Any] = field(default_factory=dict)
     ranks: tuple[int, ...] = ()
     time_at_stake_ns: int | None = None
+    leads: bool = False
+    """A finding that explains a failure (``memory.oom``): it goes before every other one."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -127,11 +129,11 @@ def rule(rule_id: str, *, needs: tuple[str, ...]) -> Callable[[RuleFunc], RuleFu
     return register
 
 
-def order_key(finding: Finding) -> tuple[int, int, int, str]:
+def order_key(finding: Finding) -> tuple[bool, bool, int, int, str]:
     """The report order: the most time at stake first, findings that are not about time after
     the timed ones, then by severity and rule id."""
     stake = finding.time_at_stake_ns
-    return (stake is None, -(stake or 0), finding.severity.rank, finding.rule)
+    return (not finding.leads, stake is None, -(stake or 0), finding.severity.rank, finding.rule)
 
 
 def evaluate(results: Results, rules: Iterable[Rule] | None = None) -> list[Finding]:

@@ -3,57 +3,29 @@
 ``torch.cuda.memory._snapshot()`` gives the caching allocator's segments and blocks (with the
 stack that allocated each) and a ring buffer of alloc/free events. It is saved as a pickle, and a
 pickle can run arbitrary code when loaded, so a snapshot file is only ever read with
-``SnapshotUnpickler``, which refuses every global: a real snapshot is plain dicts, lists, strings
-and numbers (checked on a real one in the tests), so nothing legitimate is refused.
+``SnapshotUnpickler``, which refuses every global; it lives in the store
+(``stepscope.store.snapshot.unpickle``, the one place snapshots are unpickled, also for
+``stepscope ingest x.pickle``) and is re-exported here.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-import pickle
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from stepscope.errors import TraceFormatError
-from stepscope.store.files import read_regular_file
 from stepscope.store.schema import MEMORY_SNAPSHOT
+from stepscope.store.snapshot.unpickle import SnapshotUnpickler, load_snapshot
+
+__all__ = ["HISTORY_MAX_ENTRIES", "SnapshotRecorder", "SnapshotUnpickler", "load_snapshot", "snapshot_table"]
 
 log = logging.getLogger("stepscope.collector")
 
 HISTORY_MAX_ENTRIES = 100_000
 """Ring-buffer size for alloc/free history: bounded, since each entry holds a stack."""
-
-
-class SnapshotUnpickler(pickle.Unpickler):
-    """An unpickler for memory snapshots that refuses to import anything."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refused global {module}.{name}: a memory snapshot holds "
-                                     "only plain data")
-
-
-def load_snapshot(path: str | Path) -> dict[str, Any]:
-    """Read a snapshot pickle safely. Any file that is not a readable snapshot, whatever goes
-    wrong in the unpickler (a refused global, a truncated stream, an opcode applied to the wrong
-    object, a length that exhausts memory), is a ``TraceFormatError``; nothing in it runs."""
-    try:
-        data = read_regular_file(Path(path))
-    except OSError as exc:
-        raise TraceFormatError(path, f"cannot read file ({exc.strerror or exc})") from exc
-    try:
-        snapshot = SnapshotUnpickler(io.BytesIO(data)).load()
-    except MemoryError as exc:
-        raise TraceFormatError(path, "not a readable memory snapshot (a length in it exhausts memory)") from exc
-    except Exception as exc:  # noqa: BLE001 - malformed pickles raise almost any type
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
-        raise TraceFormatError(path, f"not a readable memory snapshot ({detail})") from exc
-    if not isinstance(snapshot, dict) or "segments" not in snapshot:
-        raise TraceFormatError(path, "not a memory snapshot (no 'segments' key)")
-    return snapshot
 
 
 def _list_of_dicts(value: Any, what: str, origin: str) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""``stepscope ingest PATH... --store DIR|URL [--run NAME] [--jobs N] [--on-conflict session|refuse]
+"""``stepscope ingest PATH... --store DIR|URL [--run NAME] [--rank N] [--jobs N] [--on-conflict session|refuse]
 [--engine local|ray [--ray-address ADDR]]``:
 files given together are one run's ranks."""
 
@@ -16,6 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH", help="trace files or folders holding them")
     parser.add_argument("--store", required=True, type=store_location, help="store folder (created if missing) or URL (s3://bucket/prefix)")
     parser.add_argument("--run", help="run name (default: the folder that holds the files)")
+    parser.add_argument("--rank", type=int, metavar="N",
+                        help="the rank of the files given (default: a trace's distributedInfo, else the "
+                             "file name, rank-3, else its position); memory snapshot pickles take it too")
     parser.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="tag the run")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
                         help="convert N files at once in worker processes (default: the machine's cores; "
@@ -54,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: give at least 1")
+    if args.rank is not None and args.rank < 0:
+        raise UsageError(f"--rank {args.rank}: give 0 or more")
 
     bar = None
 
@@ -84,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     report = ingest_paths(args.paths, args.store, args.run, tags=_tags(args.tag),
                           jobs=args.jobs, on_conflict=args.on_conflict,
                           memory_limit=args.memory_limit, engine=args.engine, ray_address=args.ray_address,
+                          rank=args.rank,
                           on_selected=selected, on_converted=converted, on_done=done)
     if bar is not None:
         bar.close()

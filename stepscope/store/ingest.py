@@ -45,6 +45,8 @@ from stepscope.store.kineto import KinetoTrace, read_trace
 from stepscope.store.location import is_url
 from stepscope.store.objectstore import RemoteStore
 from stepscope.store.writer import part_path, run_id, write_partition
+from stepscope.store.snapshot import ingest as snapshot_ingest
+from stepscope.store.snapshot.unpickle import is_snapshot_file
 
 RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)(?![0-9])", re.IGNORECASE)
 SOURCE_DIGITS = 16
@@ -330,16 +332,32 @@ class _Job:
     position: int
     tags: dict[str, str] | None
     memory_limit: str | None
+    rank: int | None = None
 
 
 def _convert_job(job: _Job) -> ConvertedTrace | IngestedTrace | str:
     """Convert one file of a batch: the converted trace, a skip, or the line that refuses it.
     Whatever goes wrong stays with this file; only an interrupt (Ctrl-C) stops the batch."""
     try:
-        return convert_file(job.file, job.store, job.run, position=job.position, tags=job.tags,
+        if is_snapshot_file(job.file):
+            return _ingest_snapshot(job)
+        return convert_file(job.file, job.store, job.run, rank=job.rank, position=job.position, tags=job.tags,
                             memory_limit=job.memory_limit)
     except Exception as exc:  # noqa: BLE001 - a bug must cost one file, not the batch
         return problem_line(job.file, exc)
+
+
+# --- memory snapshots (``stepscope.store.snapshot``): recognised by content, committed there ---
+def _ingest_snapshot(job: _Job) -> IngestedTrace:
+    """Ingest a memory snapshot pickle of the batch; its rank: ``--rank``, the file name, its
+    position."""
+    named = rank_from_name(job.file)
+    rank, how = ((job.rank, "option") if job.rank is not None else (named, "filename") if named is not None
+                 else (job.position, "position"))
+    done = snapshot_ingest.ingest_snapshot(job.file, job.store, job.run, rank=rank, rank_from=how,
+                                           source_of=source_id, tags=job.tags)
+    return IngestedTrace(str(job.file), run_id(job.run), rank, how, done.source, done.events, done.skipped)
+# --- end of memory snapshots ---
 
 
 def _commit_outcome(outcome: ConvertedTrace | IngestedTrace | str, file: Path, store: str | Path,
@@ -390,6 +408,7 @@ def ingest_paths(
     memory_limit: str | None = None,
     engine: str = "local",
     ray_address: str | None = None,
+    rank: int | None = None,
     on_selected: Callable[[list[Path]], None] | None = None,
     on_file: Callable[[Path], None] | None = None,
     on_converted: Callable[[Path], None] | None = None,
@@ -405,6 +424,8 @@ def ingest_paths(
     many worker processes (``jobs=None``: ``default_jobs``), with ``engine="ray"`` in one Ray
     task each (on the cluster at ``ray_address``, else a local one); they are committed in the
     batch's order. A store on object storage (``s3://...``) takes the whole batch in one commit.
+    ``rank`` is the rank of every file given (``--rank``); memory snapshot pickles, recognised
+    by content, are stored as snapshots (``stepscope.store.snapshot``).
     """
     if on_conflict not in ON_CONFLICT:
         raise UsageError(f"--on-conflict must be one of {', '.join(ON_CONFLICT)}, not {on_conflict!r}")
@@ -420,7 +441,7 @@ def ingest_paths(
     for problem in selection.problems:
         _record(report, problem, on_done)
     workers = max(1, min(default_jobs(selection.files) if jobs is None else jobs, len(selection.files)))
-    batch = [_Job(file, str(store), name, position, tags, memory_limit)
+    batch = [_Job(file, str(store), name, position, tags, memory_limit, rank)
              for position, file in enumerate(selection.files)]
     if engine == "ray":
         from stepscope.store import ray_engine

@@ -476,6 +476,76 @@ RANK_SEGMENTS = pa.schema(
 """Each rank's time line, cut into its parts (``stepscope.store.rankstats.segments``)."""
 
 
+# --- Memory snapshots (``stepscope ingest x.pickle``; ``stepscope.store.snapshot``) ---------------
+SNAPSHOT_SEGMENTS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("device", pa.int64()),
+        pa.field("address", pa.int64()),
+        pa.field("total_size", pa.int64()),
+        pa.field("allocated_size", pa.int64()),
+        pa.field("active_size", pa.int64()),
+        pa.field("requested_size", pa.int64()),
+        pa.field("stream", pa.int64()),
+        pa.field("segment_type", _STR),
+        pa.field("segment_pool", pa.string()),
+        pa.field("is_expandable", pa.bool_()),
+        pa.field("stack_id", pa.int64()),
+    ]
+)
+"""Each segment the caching allocator held when the snapshot was taken."""
+
+SNAPSHOT_BLOCKS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("device", pa.int64()),
+        pa.field("segment_address", pa.int64()),
+        pa.field("address", pa.int64()),
+        pa.field("size", pa.int64()),
+        pa.field("requested_size", pa.int64()),
+        pa.field("state", _STR),
+        pa.field("stack_id", pa.int64()),
+    ]
+)
+"""Each block of those segments, with the stack that allocated it."""
+
+SNAPSHOT_EVENTS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("device", pa.int64(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("action", _STR, nullable=False),
+        pa.field("address", pa.int64()),
+        pa.field("size", pa.int64()),
+        pa.field("stream", pa.int64()),
+        pa.field("ts_ns", pa.int64()),
+        pa.field("stack_id", pa.int64()),
+    ]
+)
+"""The allocator's event history (its ring buffer), in recorded order per device."""
+
+SNAPSHOT_STACKS = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("stack_id", pa.int64(), nullable=False),
+        pa.field("depth", pa.int64(), nullable=False),
+        pa.field("file", pa.string()),
+        pa.field("line", pa.int64()),
+        pa.field("function", pa.string()),
+    ]
+)
+"""Each distinct stack of a snapshot once, one row per frame, innermost (depth 0) first."""
+
+SNAPSHOT_TABLES = (
+    ("snapshot_segments", SNAPSHOT_SEGMENTS, "one row per segment of an ingested memory snapshot"),
+    ("snapshot_blocks", SNAPSHOT_BLOCKS, "one row per block of an ingested memory snapshot, with its stack"),
+    ("snapshot_events", SNAPSHOT_EVENTS, "one row per allocator event in an ingested memory snapshot's history"),
+    ("snapshot_stacks", SNAPSHOT_STACKS, "one row per frame of each distinct stack of an ingested memory snapshot"),
+)
+"""The tables one ingested snapshot writes (beside its ``sources`` row)."""
+# --- end of memory snapshots ---------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Table:
     """A stored table: its directory under the store root and its Arrow schema."""
@@ -518,6 +588,7 @@ TABLES: dict[str, Table] = {
         Table("rank_flop_traces", RANK_FLOP_TRACES, "one row per trace of a rank: shapes recorded, GPU kernels, kernel launches (computed at ingest)"),
         Table("rank_step_windows", RANK_STEP_WINDOWS, "one row per step of a rank: its window (computed at ingest)"),
         Table("rank_segments", RANK_SEGMENTS, "one row per stretch of a rank's time line where a part holds (computed at ingest)"),
+        *(Table(name, spec, doc) for name, spec, doc in SNAPSHOT_TABLES),
     )
 }
 """Every table of the store. The collector's tables live here too: the store owns the schema."""

@@ -1,0 +1,161 @@
+"""What filled the memory (the ``snapshot`` section, ``memory.oom``/``fragmentation``/``activations``),
+every figure checked against a plain-Python replay of the same pickle (``replay`` below, which
+shares no code with stepscope): built snapshots with known answers, a history cut as a ring
+buffer cuts it, and the two real snapshots."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepscope.analysis.findings import RULES, evaluate
+from stepscope.analysis.snapshot import BEFORE_HISTORY, snapshot_section
+from stepscope.store import open_store
+from stepscope.store.ingest import ingest_paths
+from stepscope.store.snapshot.unpickle import load_snapshot
+from tests import _snapshots
+
+MB = _snapshots.MB
+
+
+def _user_frame(frames: list[dict[str, Any]]) -> str:
+    """The innermost frame that is Python, outside torch and the standard library."""
+    for f in frames:
+        path = f["filename"].replace("\\", "/")
+        stdlib = "/lib/python" in path.lower() and "-packages/" not in path
+        if path.endswith(".py") and "/torch/" not in path and not stdlib:
+            return f"{path.rsplit('/', 1)[-1]}:{f['line']} ({f['name']})"
+    return "(no frame outside torch and the standard library)" if frames else "(no stack recorded)"
+
+
+def replay(snapshot: dict[str, Any], device: int = 0) -> dict[str, Any]:
+    """Walk one device's history: allocated and reserved after each event, the peak, and what
+    is live at the peak and at the first oom, by user frame."""
+    entries = snapshot["device_traces"][device]
+    segments = [s for s in snapshot["segments"] if s["device"] == device]
+    allocated_end = sum(b["size"] for s in segments for b in s["blocks"] if b["state"] != "inactive")
+    reserved_end = sum(s["total_size"] for s in segments)
+    grow = {"alloc": 1, "free_completed": -1}
+    seg = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+    allocated = allocated_end - sum(grow.get(e["action"], 0) * e["size"] for e in entries)
+    reserved = reserved_end - sum(seg.get(e["action"], 0) * e["size"] for e in entries)
+    live: dict[int, tuple[int, str]] = {}
+    out: dict[str, Any] = {"peak": None, "oom": None}
+    for seq, e in enumerate(entries):
+        allocated += grow.get(e["action"], 0) * e["size"]
+        reserved += seg.get(e["action"], 0) * e["size"]
+        if e["action"] == "alloc":
+            live[e["addr"]] = (e["size"], _user_frame(e["frames"]))
+        elif e["action"] == "free_completed":
+            live.pop(e["addr"], None)
+        moment = {"seq": seq, "allocated": allocated, "reserved": reserved, "by_frame": _by_frame(live, allocated)}
+        if out["peak"] is None or allocated > out["peak"]["allocated"]:
+            out["peak"] = moment
+        if e["action"] == "oom" and out["oom"] is None:
+            out["oom"] = {**moment, "request": e["size"], "device_free": e["addr"]}
+    out["reserved_end"], out["allocated_end"] = reserved_end, allocated_end
+    return out
+
+
+def _by_frame(live: dict[int, tuple[int, str]], allocated: int, top: int = 10) -> dict[str, int]:
+    """Bytes by frame, the ``top`` largest and the rest as one, plus what was there before."""
+    sums: dict[str, int] = {}
+    for size, frame in live.values():
+        sums[frame] = sums.get(frame, 0) + size
+    ordered = sorted(sums.items(), key=lambda kv: (-kv[1], kv[0]))
+    out = dict(ordered[:top])
+    if ordered[top:]:
+        out[f"({len(ordered) - top} other frames)"] = sum(v for _, v in ordered[top:])
+    before = allocated - sum(sums.values())
+    return {**out, **({BEFORE_HISTORY: before} if before else {})}
+
+
+def _section(tmp_path: Path, snapshot: dict[str, Any]) -> list[dict[str, Any]]:
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    assert ingest_paths([path], tmp_path / "store", "r").ok
+    result = snapshot_section(open_store(tmp_path / "store"), "r", None)
+    return list(result.snapshots)
+
+
+def _frames(groups: list[dict[str, Any]]) -> dict[str, int]:
+    return {g["frame"]: g["bytes"] for g in groups}
+
+
+def _check(record: dict[str, Any], expected: dict[str, Any]) -> None:
+    peak = expected["peak"]
+    assert (record["peak_allocated_bytes"], record["peak_seq"], record["reserved_at_peak_bytes"]) == (
+        peak["allocated"], peak["seq"], peak["reserved"])
+    assert _frames(record["live_at_peak"]) == peak["by_frame"]
+    assert record["reserved"]["reserved_bytes"] == expected["reserved_end"]
+    assert record["reserved"]["allocated_bytes"] == expected["allocated_end"]
+    assert max(b["allocated_max"] for b in record["curve"]) == peak["allocated"]  # the peak is on the curve
+
+
+def test_a_built_snapshot_peak_live_frames_and_activations(tmp_path: Path) -> None:
+    snapshot = _snapshots.build("2.5", cpp=True)
+    [record] = _section(tmp_path, snapshot)
+    expected = replay(snapshot)
+    _check(record, expected)
+    # by hand: A 8 MB + B 2 MB + G 1 MB live after G's alloc; A (forward) is freed in the backward
+    assert (record["peak_allocated_bytes"], record["peak_seq"]) == (11 * MB, 3)
+    assert _frames(record["live_at_peak"]) == {"model.py:30 (attention)": 8 * MB, "train.py:40 (train_step)": 2 * MB,
+                                              "train.py:44 (train_step)": 1 * MB}
+    assert record["activations_at_peak"] == {"bytes": 8 * MB, "by_frame": [
+        {"frame": "model.py:30 (attention)", "bytes": 8 * MB, "allocations": 1}]}
+    assert record["reserved"] | {"basis": None} == {
+        "basis": None, "reserved_bytes": 20 * MB, "allocated_bytes": 6 * MB, "reserved_unallocated_bytes": 14 * MB,
+        "segments": 1, "largest_free_block_bytes": 8 * MB, "failed_request_bytes": None,
+        "absent_reasons": {"failed_request_bytes": "the history holds no oom event"}}
+    assert record["oom"] is None and "oom" in record["absent_reasons"]
+    found = evaluate({"snapshot": snapshot_section(open_store(tmp_path / "store"), "r", None)},
+                     [RULES["memory.activations"], RULES["memory.oom"]])
+    assert [f.rule for f in found] == ["memory.activations"] and found[0].evidence["bytes"] == 8 * MB
+
+
+def test_a_history_cut_by_the_ring_buffer_keeps_what_was_there_before(tmp_path: Path) -> None:
+    snapshot = _snapshots.build("2.1")
+    snapshot["device_traces"][0] = snapshot["device_traces"][0][2:]  # begins after the segment and A
+    [record] = _section(tmp_path, snapshot)
+    expected = replay(snapshot)
+    _check(record, expected)
+    # by hand: A (8 MB) was allocated before the history; B and G come on top of it
+    assert (record["peak_allocated_bytes"], record["peak_seq"]) == (11 * MB, 1)
+    assert _frames(record["live_at_peak"]) == {BEFORE_HISTORY: 8 * MB, "train.py:40 (train_step)": 2 * MB,
+                                              "train.py:44 (train_step)": 1 * MB}
+
+
+@pytest.mark.parametrize(("request_bytes", "cause"), [(64 * MB, "live data"), (16 * MB, "fragmentation")])
+def test_an_oom_is_the_first_finding_with_its_cause(tmp_path: Path, request_bytes: int, cause: str) -> None:
+    snapshot = _snapshots.build("2.5", oom=True, oom_request=request_bytes)
+    [record] = _section(tmp_path, snapshot)
+    expected = replay(snapshot)
+    _check(record, expected)
+    oom = record["oom"]
+    # by hand: 6 MB allocated of 20 MB reserved, 6 MB free on the device: 14 + 6 = 20 MB free in all
+    assert (oom["request_bytes"], oom["allocated_bytes"], oom["reserved_bytes"], oom["device_free_bytes"]) == (
+        request_bytes, expected["oom"]["allocated"], expected["oom"]["reserved"], 6 * MB)
+    assert oom["cause"] == cause and _frames(oom["live_by_frame"]) == expected["oom"]["by_frame"]
+    found = evaluate({"snapshot": snapshot_section(open_store(tmp_path / "store"), "r", None)},
+                     [RULES[r] for r in ("memory.activations", "memory.fragmentation", "memory.oom")])
+    assert found[0].rule == "memory.oom" and found[0].evidence["cause"] == cause
+    assert cause in found[0].message and "train.py:40 (train_step)" in found[0].message
+
+
+def test_several_devices_each_their_own(tmp_path: Path) -> None:
+    snapshot = _snapshots.build("2.1", devices=2)
+    records = _section(tmp_path, snapshot)
+    assert [r["device"] for r in records] == [0, 1]
+    for record in records:
+        _check(record, replay(snapshot, record["device"]))
+
+
+@pytest.mark.parametrize("name", ["magma27_cs336", "bcrafton_cs336"])
+def test_real_snapshots_against_the_replay(tmp_path: Path, shared_traces: Path, name: str) -> None:
+    path = shared_traces / "memsnap" / name / "memory_snapshot.pickle"
+    assert ingest_paths([path], tmp_path / "store", "r").ok
+    [record] = snapshot_section(open_store(tmp_path / "store"), "r", None).snapshots
+    _check(record, replay(load_snapshot(path)))
