@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import tempfile
 import threading
 from pathlib import Path
@@ -49,6 +50,10 @@ def _sql_list(paths: list[str]) -> str:
     return "[" + ", ".join(_sql_string(p) for p in paths) + "]"
 
 
+MEMO_ENTRIES = 256
+"""Results :meth:`Store.memo` keeps (each frame of a run is one)."""
+
+
 class _Shared:
     """What a ``Store`` and its :meth:`~Store.session` twins share: the file list the views read
     and what the analyses memoised over it."""
@@ -56,9 +61,11 @@ class _Shared:
     def __init__(self) -> None:
         self.plan = compact.ReadPlan()
         self.memo: dict[tuple[Any, ...], Any] = {}
-        self.tables: list[str] = []
-        """The tables :meth:`Store.materialize` made (dropped when the file list changes)."""
+        self.tables: dict[str, str] = {}
+        """What :meth:`Store.materialize` made: the hash of its query and parameters -> the table (dropped
+        when the file list changes)."""
         self.lock = threading.Lock()
+        self.memo_lock = threading.Lock()
 
 
 class Store:
@@ -229,7 +236,7 @@ class Store:
             with self._lock, self._own_query():
                 self._shared.plan = plan
                 self._shared.memo.clear()
-                for name in self._shared.tables:
+                for name in self._shared.tables.values():
                     self._con.execute(f"DROP TABLE IF EXISTS {name}")
                 self._shared.tables.clear()
                 self._check_version()
@@ -239,21 +246,33 @@ class Store:
     def memo(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
         """``compute()``, once per ``key`` while this store's file list stays what it is: the
         views read a fixed list of files, so a result computed over them stays true until
-        :meth:`refresh` finds another list (shared with the :meth:`session` twins)."""
-        memo = self._shared.memo
-        if key not in memo:
-            memo[key] = compute()
-        return memo[key]
+        :meth:`refresh` finds another list (shared with the :meth:`session` twins). The
+        :data:`MEMO_ENTRIES` used last are kept (a dashboard server visits many runs)."""
+        memo, lock = self._shared.memo, self._shared.memo_lock
+        with lock:
+            if key in memo:
+                memo[key] = value = memo.pop(key)  # the most recently used last
+                return value
+        value = compute()  # outside the lock: it may memoise (or materialise) what it needs
+        with lock:
+            memo[key] = value
+            while len(memo) > MEMO_ENTRIES:
+                memo.pop(next(iter(memo)))
+        return value
 
-    def materialize(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> str:
-        """Run ``query`` once into a table of this store's database and return its name, for
-        later queries to read (a relation several analyses build on: the collectives matched
-        across ranks). The twins of :meth:`session` see it too; the caller memoises the name
-        (:meth:`memo`), and :meth:`refresh` drops the table with the memo."""
-        with self._shared.lock, self._lock, self._own_query():
-            name = f"_materialized_{len(self._shared.tables)}"
-            self._con.execute(f"CREATE OR REPLACE TABLE {name} AS {query}", params)
-            self._shared.tables.append(name)
+    def materialize(self, query: str, params: dict[str, Any] | None = None) -> str:
+        """Run ``query`` into a table of this store's database, once per query and parameters,
+        and return the table's name, for later queries to read (a relation several analyses
+        build on: the collectives matched across ranks). The twins of :meth:`session` see it
+        too; :meth:`refresh` drops it when the file list changes."""
+        key = hashlib.sha256(repr((query, sorted((params or {}).items()))).encode()).hexdigest()
+        with self._shared.lock:
+            name = self._shared.tables.get(key)
+            if name is None:
+                name = f"_materialized_{len(self._shared.tables)}"
+                with self._lock, self._own_query():
+                    self._con.execute(f"CREATE OR REPLACE TABLE {name} AS {query}", params)
+                self._shared.tables[key] = name
         return name
 
     def part_stamps(self, run: str, tables: tuple[str, ...]) -> list[tuple[str, int, int]]:

@@ -38,6 +38,7 @@ import duckdb
 
 from stepscope.store.atomic import write_text_atomic
 from stepscope.store.constants import SCHEMA_VERSION_KEY, file_metadata
+from stepscope.store.location import is_url
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ def compact_run(root: Path | str, run: str) -> bool:
     """Write the run's compacted files and manifest (module docs); False when there is nothing
     to compact (a run of one trace: each of its tables is one file already) or the store is not
     a local folder. Safe to run again, and beside readers and other writers."""
-    if not isinstance(root, Path) and "://" in str(root):
+    if is_url(root):
         return False  # an object store: its readers read a local mirror of the parts
     root = Path(root)
     if not (root / "sources" / f"run={run}").is_dir():
