@@ -11,11 +11,12 @@ next call, so stepscope's own time at the boundary (the exchange, where a rank m
 slower one; starting and stopping the profiler, exporting a trace) never counts. Steps that
 stepscope disturbs are not judged against the rank's own rolling median, or a capture would slow
 the steps after it and trigger the next: profiled steps (profiling slows them by design) are not
-judged at all, nor are steps during which the background writer worked in this process (it
-competes for the interpreter; a short while after each trace). Steps during which the niced
-child process converted a trace (seconds, even minutes for a large trace) are judged on another
-basis: at the exchange, against the other ranks' times of the same step
-(``watch.cross_rank_triggers``).
+judged at all, nor, with ``convert="thread"``, are steps during which the background writer
+worked in this process (converting there holds the interpreter for seconds). Steps during which
+the writer worked otherwise (the niced child converting a trace: seconds, even minutes for a
+large trace; queueing it, writing a table) are judged on another basis: at the exchange, against
+the other ranks' times of the same step (``watch.cross_rank_triggers``), which a conversion on
+every rank after the same window disturbs alike.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from stepscope.collector.watch import (
     agree,
     row_length,
 )
-from stepscope.collector.worker import ELSEWHERE, HERE
+from stepscope.collector.worker import HERE
 
 log = logging.getLogger("stepscope.collector")
 
@@ -73,7 +74,7 @@ class Watcher:
         self.captures: list[CaptureWindow] = []
         self.not_captured: Counter[str] = Counter()
         self.blind_ns = 0
-        """Work time of the idle steps judged on no basis (the writer worked in this process)."""
+        """Work time of the idle steps judged on no basis (a conversion in this process)."""
         self._handler = handler
         self._exchange = exchange
         self._disk = disk
@@ -130,10 +131,10 @@ class Watcher:
 
     def _judge(self, step: int, work_ns: int, during: frozenset[str]) -> StepTime:
         """Judge one idle step on the basis its disturbance leaves (see the module's doc)."""
-        if HERE in during:
+        if HERE in during and self._handler.converts_in_process:
             self.blind_ns += work_ns
             return StepTime(work_ns)
-        if ELSEWHERE in during:
+        if during:
             return StepTime(work_ns, converting=True)
         trigger = self._detector.observe(step, work_ns)
         if trigger is not None and self._pending is None:
