@@ -139,7 +139,7 @@ def test_budget_of_one_capture_counts_the_second_anomaly(slow_job: dict[str, Any
         assert report["anomalies"] == len(SLOW_AT)
         assert len(report["captures"]) == 1 and report["not_captured"] == {"budget": 1}
         assert any(f"slow step {SLOW_AT[1]} on rank 1" in line and "not captured (budget)" in line
-                   for _, line in report["log"]), report["log"]
+                   for _, line in report["log"]), "\n".join(line for _, line in report["log"])
     assert slow_job["store"].sql("SELECT count(*) AS n FROM captures").to_pylist() == [{"n": 2}]
 
 

@@ -16,7 +16,6 @@ from stepscope.collector.watch import (
     RankReport,
     RollingMedian,
     StepDetector,
-    StepTime,
     Trigger,
     Watch,
     _median_without,
@@ -208,7 +207,7 @@ def test_rate_budget_is_a_rolling_hour_and_disk_is_measured_only_after_a_write()
 
 
 def test_reports_with_their_step_history_survive_the_exchange_row() -> None:
-    history = (None, StepTime(6 * MS), StepTime(256 * MS, converting=True), StepTime(0))
+    history = (None, 6 * MS, 256 * MS, 0)
     report = RankReport(1, 39, None, 6 * MS, 0, history)
     row = report.encode()
     assert len(row) == 7 + len(history)
@@ -217,24 +216,23 @@ def test_reports_with_their_step_history_survive_the_exchange_row() -> None:
     assert row_length(Watch(every=10)) == 17 and row_length(Watch(every=1000)) == 7 + 256
 
 
-def _converting(rank: int, times_ms: list[float], step: int = 39,
-                converting: bool = True) -> RankReport:
+def _timed(rank: int, times_ms: list[float], step: int = 39) -> RankReport:
     """A rank's report whose history holds ``times_ms`` for the steps up to ``step``."""
-    return RankReport(rank, step, None, None, 0,
-                      tuple(StepTime(round(t * MS), converting) for t in times_ms))
+    return RankReport(rank, step, None, None, 0, tuple(round(t * MS) for t in times_ms))
 
 
-def test_a_stall_during_a_conversion_names_the_rank_where_it_began() -> None:
+def test_a_stall_names_the_rank_where_it_began_against_the_other_ranks() -> None:
     """DDP: rank 1 sleeps 250 ms after its collectives at step 35, rank 0 waits for it in step
-    36's all-reduce; both ranks' traces were being converted, so neither judged its own steps."""
+    36's all-reduce (both ranks' traces being converted, neither judged its own steps)."""
     rng = random.Random(3)
     rank0 = [rng.uniform(5.5, 7.5) for _ in range(10)]
     rank1 = [rng.uniform(5.5, 7.5) for _ in range(10)]
     rank1[5] += 250  # step 30 + 5
     rank0[6] += 250
     options = Watch(slow_factor=2, min_slow_ms=150, warmup_steps=10, every=10)
-    reports = [_converting(0, rank0), _converting(1, rank1)]
-    usual = statistics.median(a / b for a, b in zip(rank1, rank0))
+    reports = [_timed(0, rank0), _timed(1, rank1)]
+    usual = statistics.median(a / b for a, b in zip((round(t * MS) for t in rank1),
+                                                    (round(t * MS) for t in rank0)))
     expected = round(usual * round(rank0[5] * MS))
     found = cross_rank_triggers(reports, options)
     assert Trigger("slow_vs_ranks", 1, 35, round(rank1[5] * MS), expected) in found
@@ -247,21 +245,21 @@ def test_a_stall_during_a_conversion_names_the_rank_where_it_began() -> None:
 def test_no_cross_rank_trigger_for_a_rank_that_is_always_slower_or_a_slow_machine() -> None:
     options = Watch(slow_factor=1.5, min_slow_ms=5, warmup_steps=0, every=10)
     # A pipeline stage twice as slow as the other at every step.
-    assert cross_rank_triggers([_converting(0, [10] * 10), _converting(1, [20] * 10)], options) == []
+    assert cross_rank_triggers([_timed(0, [10] * 10), _timed(1, [20] * 10)], options) == []
     # The whole machine slows every rank 5x for two steps (what the rolling median would flag).
     loaded = [10] * 4 + [50, 50] + [10] * 4
-    assert cross_rank_triggers([_converting(0, loaded), _converting(1, loaded)], options) == []
-    # Steps judged against the rank's own median (no conversion) are not judged again here.
+    assert cross_rank_triggers([_timed(0, loaded), _timed(1, loaded)], options) == []
     stalled = [10] * 5 + [300] + [10] * 4
-    assert cross_rank_triggers([_converting(0, [10] * 10, converting=False),
-                                _converting(1, stalled, converting=False)], options) == []
-    assert cross_rank_triggers([_converting(0, [10] * 10), _converting(1, stalled)], options) == [
+    assert cross_rank_triggers([_timed(0, [10] * 10), _timed(1, stalled)], options) == [
         Trigger("slow_vs_ranks", 1, 35, 300 * MS, 10 * MS)]
-    # Before warmup_steps, or with too few steps to know how the ranks usually compare: nothing.
-    assert cross_rank_triggers([_converting(0, [10] * 10), _converting(1, stalled)],
-                               Watch(warmup_steps=40, every=10)) == []
-    assert cross_rank_triggers([_converting(0, [10] * 3), _converting(1, [10, 300, 10])],
+    # Steps not judged (None) are not compared; before warmup_steps, or with too few steps to
+    # know how the ranks usually compare: nothing.
+    assert cross_rank_triggers([_timed(0, [10] * 10),
+                                RankReport(1, 39, None, None, 0, (10 * MS,) * 5 + (None,) * 5)],
                                options) == []
+    assert cross_rank_triggers([_timed(0, [10] * 10), _timed(1, stalled)],
+                               Watch(warmup_steps=40, every=10)) == []
+    assert cross_rank_triggers([_timed(0, [10] * 3), _timed(1, [10, 300, 10])], options) == []
 
 
 def test_writer_activity_between_two_moments() -> None:

@@ -82,6 +82,11 @@ class TraceHandler:
         self._next_tables: list[tuple[str, Callable[[str], pa.Table]]] = []
 
     @property
+    def converts_in_process(self) -> bool:
+        """Traces are converted in the writer thread (``convert="thread"``), not a child."""
+        return self._convert == "thread"
+
+    @property
     def sources(self) -> list[str]:
         """Source ids of the traces stored so far, in order."""
         with self._lock:

@@ -8,9 +8,9 @@ unit-tested without a process group. Two triggers (docs/WATCH.md):
   rank's recent steps, and by at least ``min_slow_ms``, once ``warmup_steps`` have passed;
 - ``straggler``: at an exchange, a rank whose median step since the previous exchange is slower
   than ``slow_factor`` times the median of the other ranks' (and by ``min_slow_ms``);
-- ``slow_vs_ranks``: a step that ran while this rank's trace was being converted (in a child
-  process, which competes for cores and so disturbs the rolling median's basis), slow at the
-  exchange against the other ranks' times of the same step.
+- ``slow_vs_ranks``: at an exchange, a step slow against the other ranks' times of the same
+  step (the basis that a conversion, which competes for cores and so disturbs the rolling
+  median, disturbs alike on every rank of a synchronous job).
 
 Every rank applies :func:`agree` to the same gathered reports, so every rank reaches the same
 decision without another round trip.
@@ -31,9 +31,9 @@ TRIGGER_KINDS = {
                  "median {reference:.1f} ms)",
     "straggler": "rank {rank} straggling at step {step} (median step {observed:.1f} ms, "
                  "{ratio:.1f}x the other ranks' median {reference:.1f} ms)",
-    "slow_vs_ranks": "slow step {step} on rank {rank} while its trace was converted "
-                     "({observed:.1f} ms, {ratio:.1f}x the {reference:.1f} ms the other ranks' "
-                     "times of that step predict)",
+    "slow_vs_ranks": "slow step {step} on rank {rank} against the other ranks "
+                     "({observed:.1f} ms, {ratio:.1f}x the {reference:.1f} ms their times of that "
+                     "step predict)",
 }
 """Values of ``captures.trigger_kind``, with how a log line describes each."""
 _KIND_CODES = tuple(TRIGGER_KINDS)
@@ -201,31 +201,21 @@ class StepDetector:
 
 
 @dataclass(frozen=True)
-class StepTime:
-    """One step's work time as a rank sends it: ``converting`` when the step ran while the rank's
-    trace was converted, so that the other ranks' times judge it (``cross_rank_triggers``)."""
-
-    work_ns: int
-    converting: bool = False
-
-
-@dataclass(frozen=True)
 class RankReport:
     """What one rank contributes to an exchange: a fixed-size row of int64 (``encode``).
 
     ``history``: the work times of the ``Watch.step_history`` steps up to ``step``, oldest
-    first (None for a step without one: profiled, or not timed)."""
+    first (None for a step without one: profiled, or not judged)."""
 
     rank: int
     step: int
     trigger: Trigger | None
     recent_ns: int | None
     blocked: int
-    history: tuple[StepTime | None, ...] = ()
+    history: tuple[int | None, ...] = ()
 
     _NONE = -1
-    """Placeholder for a missing value inside the exchanged row only (never stored); a converting
-    step's time ``t`` travels as ``-2 - t``."""
+    """Placeholder for a missing value inside the exchanged row only (never stored)."""
 
     def encode(self) -> list[int]:
         t = self.trigger
@@ -233,19 +223,17 @@ class RankReport:
         return [self.step, kind, t.step if t else self._NONE, t.observed_ns if t else self._NONE,
                 t.reference_ns if t else self._NONE,
                 self._NONE if self.recent_ns is None else self.recent_ns, self.blocked,
-                *(self._NONE if h is None else -2 - h.work_ns if h.converting else h.work_ns
-                  for h in self.history)]
+                *(self._NONE if h is None else h for h in self.history)]
 
     @classmethod
     def decode(cls, rank: int, row: Sequence[int]) -> RankReport:
         step, kind, t_step, observed, reference, recent, blocked = (int(v) for v in row[:_FIXED])
         trigger = (None if kind == 0 else
                    Trigger(_KIND_CODES[kind - 1], rank, t_step, observed, reference))
-        history = tuple(None if v == cls._NONE else StepTime(-2 - v, True) if v < 0
-                        else StepTime(v) for v in (int(x) for x in row[_FIXED:]))
+        history = tuple(None if v == cls._NONE else v for v in (int(x) for x in row[_FIXED:]))
         return cls(rank, step, trigger, None if recent == cls._NONE else recent, blocked, history)
 
-    def step_time(self, step: int) -> StepTime | None:
+    def step_time(self, step: int) -> int | None:
         """This rank's time of ``step``, when it is in ``history``."""
         index = step - (self.step - len(self.history) + 1)
         return self.history[index] if 0 <= index < len(self.history) else None
@@ -304,9 +292,9 @@ def _median_without(values: Sequence[int], index: int) -> int:
 
 
 def cross_rank_triggers(reports: Sequence[RankReport], options: Watch) -> list[Trigger]:
-    """Steps that ran while their rank's trace was being converted, judged against the other
-    ranks' times of the same step: the basis a conversion (or a loaded machine, which slows
-    every rank of a synchronous job alike) does not disturb.
+    """Steps slow against the other ranks' times of the same step: the basis that a conversion
+    running on every rank after the same window, or a loaded machine, disturbs alike in a
+    synchronous job, where a rank's own rolling median is disturbed (or inflated).
 
     A rank's step is slow when it exceeds ``slow_factor`` x its reference, and by
     ``min_slow_ms``: the median of the other ranks' times of that step, scaled by how this rank
@@ -318,21 +306,21 @@ def cross_rank_triggers(reports: Sequence[RankReport], options: Watch) -> list[T
     found = []
     for report in reports:
         first = report.step - len(report.history) + 1
-        against: list[tuple[int, StepTime, int]] = []
+        against: list[tuple[int, int, int]] = []
         for index, mine in enumerate(report.history):
-            others = sorted(t.work_ns for other in reports if other.rank != report.rank
+            others = sorted(t for other in reports if other.rank != report.rank
                             if (t := other.step_time(first + index)) is not None)
             reference = _median_of_sorted(others)
             if mine is not None and reference:
                 against.append((first + index, mine, reference))
         if len(against) <= MIN_HISTORY:
             continue
-        usual = statistics.median(mine.work_ns / reference for _, mine, reference in against)
+        usual = statistics.median(mine / reference for _, mine, reference in against)
         for step, mine, reference in against:
             expected = round(usual * reference)
-            if mine.converting and step >= options.warmup_steps and \
-                    options.is_slow(mine.work_ns, expected):
-                found.append(Trigger("slow_vs_ranks", report.rank, step, mine.work_ns, expected))
+            if step >= options.warmup_steps and options.is_slow(mine, expected):
+                found.append(Trigger("slow_vs_ranks", rank=report.rank, step=step,
+                                     observed_ns=mine, reference_ns=expected))
     return found
 
 

@@ -11,11 +11,13 @@ next call, so stepscope's own time at the boundary (the exchange, where a rank m
 slower one; starting and stopping the profiler, exporting a trace) never counts. Steps that
 stepscope disturbs are not judged against the rank's own rolling median, or a capture would slow
 the steps after it and trigger the next: profiled steps (profiling slows them by design) are not
-judged at all, nor are steps during which the background writer worked in this process (it
-competes for the interpreter; a short while after each trace). Steps during which the niced
-child process converted a trace (seconds, even minutes for a large trace) are judged on another
-basis: at the exchange, against the other ranks' times of the same step
-(``watch.cross_rank_triggers``).
+judged at all, nor, with ``convert="thread"``, are steps during which the background writer
+worked in this process (converting there holds the interpreter for seconds). Steps during which
+the writer worked otherwise (the niced child converting a trace: seconds, even minutes for a
+large trace; queueing it, writing a table) are judged only on the other basis: at each exchange,
+every idle step judged at all is also compared with the other ranks' times of the same step
+(``watch.cross_rank_triggers``), which a conversion on every rank after the same window, or a
+loaded machine, disturbs alike.
 """
 
 from __future__ import annotations
@@ -44,13 +46,12 @@ from stepscope.collector.watch import (
     Decision,
     RankReport,
     StepDetector,
-    StepTime,
     Trigger,
     Watch,
     agree,
     row_length,
 )
-from stepscope.collector.worker import ELSEWHERE, HERE
+from stepscope.collector.worker import HERE
 
 log = logging.getLogger("stepscope.collector")
 
@@ -73,7 +74,7 @@ class Watcher:
         self.captures: list[CaptureWindow] = []
         self.not_captured: Counter[str] = Counter()
         self.blind_ns = 0
-        """Work time of the idle steps judged on no basis (the writer worked in this process)."""
+        """Work time of the idle steps judged on no basis (a conversion in this process)."""
         self._handler = handler
         self._exchange = exchange
         self._disk = disk
@@ -85,7 +86,7 @@ class Watcher:
         self._pending: Trigger | None = None
         self._due = False
         self._resumed_ns: int | None = None
-        self._history: deque[tuple[int, StepTime | None]] = deque(maxlen=options.step_history)
+        self._history: deque[tuple[int, int | None]] = deque(maxlen=options.step_history)
 
     @property
     def rank(self) -> int:
@@ -114,7 +115,7 @@ class Watcher:
 
     def _watch(self, step: int, action: ProfilerAction, end_ns: int | None,
                during: frozenset[str]) -> bool:
-        timed: StepTime | None = None
+        timed: int | None = None
         if action is _IDLE and end_ns is not None and self._resumed_ns is not None:
             timed = self._judge(step, end_ns - self._resumed_ns, during)
         self._history.append((step, timed))
@@ -128,19 +129,19 @@ class Watcher:
             return self._exchange_at(step)
         return False
 
-    def _judge(self, step: int, work_ns: int, during: frozenset[str]) -> StepTime:
-        """Judge one idle step on the basis its disturbance leaves (see the module's doc)."""
-        if HERE in during:
+    def _judge(self, step: int, work_ns: int, during: frozenset[str]) -> int | None:
+        """Judge one idle step on the basis its disturbance leaves (see the module's doc); the
+        work time the other ranks will judge it by, None when it is judged on no basis."""
+        if HERE in during and self._handler.converts_in_process:
             self.blind_ns += work_ns
-            return StepTime(work_ns)
-        if ELSEWHERE in during:
-            return StepTime(work_ns, converting=True)
-        trigger = self._detector.observe(step, work_ns)
-        if trigger is not None and self._pending is None:
-            self._pending = trigger
-        return StepTime(work_ns)
+            return None
+        if not during:
+            trigger = self._detector.observe(step, work_ns)
+            if trigger is not None and self._pending is None:
+                self._pending = trigger
+        return work_ns
 
-    def _step_history(self, step: int) -> tuple[StepTime | None, ...]:
+    def _step_history(self, step: int) -> tuple[int | None, ...]:
         """The times of the ``step_history`` steps up to ``step`` (None where not timed), and
         forget them: each is sent once."""
         times = dict(self._history)
