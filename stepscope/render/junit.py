@@ -11,7 +11,7 @@ from stepscope.analysis.compare.gate import INCONCLUSIVE, NO_BASELINE, Verdict
 def render_junit(comparison: Comparison, verdict: Verdict) -> str:
     """``<testsuite name="stepscope compare">`` with a ``<testcase>`` per budget: a violated budget
     is a ``<failure>``, a budget that could not be judged (metric missing, the runs not
-    comparable, no baseline yet) is ``<skipped>`` with the reason; with no baseline and
+    comparable, a change in the grey zone, no baseline yet) is ``<skipped>`` with the reason; with no baseline and
     ``--missing-baseline fail`` every budget is a ``<failure>`` saying so."""
     suite = ET.Element("testsuite", name="stepscope compare")
     failures = skipped = 0
@@ -30,7 +30,7 @@ def render_junit(comparison: Comparison, verdict: Verdict) -> str:
         elif not_comparable:
             skipped += 1
             ET.SubElement(case, "skipped", message="inconclusive: " + "; ".join(verdict.reasons))
-        elif result.status == "not_available":
+        elif result.status == "not_available" or result.grey:
             skipped += 1
             ET.SubElement(case, "skipped", message=result.message)
         elif result.violated:
