@@ -227,7 +227,7 @@ def test_gpu_idle_rule(ingested: Callable[[str], Path]) -> None:
     # one rank: its summed idle over its summed windows is the share of the mean step (the basis)
     assert finding.message.startswith(f"rank 1: GPU idle {duration(finding.time_at_stake_ns)} per step "
                                       f"({finding.evidence['idle_pct']:.0f}% of the mean step")
-    assert "step 3 at 48%" in finding.message
+    assert "worst step: 3 of rank 1, idle 48% of that step" in finding.message
     assert _findings(ingested, UNSTEADY, "gpu.idle") == []
 
 
