@@ -159,3 +159,19 @@ def test_real_snapshots_against_the_replay(tmp_path: Path, shared_traces: Path, 
     assert ingest_paths([path], tmp_path / "store", "r").ok
     [record] = snapshot_section(open_store(tmp_path / "store"), "r", None).snapshots
     _check(record, replay(load_snapshot(path)))
+
+
+def test_what_a_torch_2_0_snapshot_does_not_record_is_absent_with_its_reason(tmp_path: Path) -> None:
+    from stepscope.analysis.absent import jsonable
+    from stepscope.analysis.sections import SECTIONS
+
+    snapshot = _snapshots.build("2.0", oom=True)
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    assert ingest_paths([path], tmp_path / "store", "r").ok
+    result = snapshot_section(open_store(tmp_path / "store"), "r", None)
+    [record] = jsonable(SECTIONS["snapshot"].to_json(result))["snapshots"]
+    _check(record, replay(snapshot))
+    assert record["peak_ts_ns"] is None and "2.1" in record["absent_reasons"]["peak_ts_ns"]
+    assert record["oom"]["ts_ns"] is None and "ts_ns" in record["oom"]["absent_reasons"]
+    assert all(b["ts_ns"] is None and b["absent_reasons"]["ts_ns"] for b in record["curve"])

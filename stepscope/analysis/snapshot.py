@@ -36,6 +36,8 @@ from stepscope.analysis.sections import SQLStore, section
 NO_SNAPSHOT = "no memory snapshot ingested in this run (stepscope ingest x.pickle)"
 NO_ROLES = "no memory roles recorded for this rank (the collector records them when given model= / optimizer=)"
 NO_OOM = "the history holds no oom event"
+NO_TIMES = "the snapshot records no times (torch before 2.1)"
+NO_FREE_BLOCK = "no free block in the snapshot's segments"
 BEFORE_HISTORY = "(allocated before the recorded history)"
 NO_STACK = "(no stack recorded)"
 NO_USER_FRAME = "(no frame outside torch and the standard library)"
@@ -137,6 +139,7 @@ FROM b GROUP BY ALL ORDER BY rank, source, device, bucket""", params).to_pylist(
     for r in rows:
         key = (r.pop("rank"), r.pop("source"), r.pop("device"))
         r.pop("bucket")
+        r["ts_ns"] = _known(r["ts_ns"], NO_TIMES)
         out.setdefault(key, []).append(r)
     return out
 
@@ -208,7 +211,8 @@ def _groups(rows: list[dict[str, Any]], key: Any, total: int | None) -> list[dic
     if total is not None:
         before = total - sum(v[0] for v in sums.values())
         if before:
-            out.append({"frame": BEFORE_HISTORY, "bytes": before, "allocations": None})
+            out.append({"frame": BEFORE_HISTORY, "bytes": before,
+                        "allocations": Absent("allocated before the history began: not recorded")})
     return out
 
 
@@ -246,7 +250,7 @@ def _record(s: dict[str, Any], curves: dict, frames: dict, live: list[dict[str, 
     record: dict[str, Any] = {
         "rank": s["rank"], "source": s["source"], "device": s["device"], "events": s["events"] or 0,
         "basis": "allocator blocks (sizes as rounded by the allocator), exact at every history event",
-        "peak_allocated_bytes": s["peak_allocated_bytes"], "peak_seq": s["peak_seq"], "peak_ts_ns": s["peak_ts_ns"],
+        "peak_allocated_bytes": s["peak_allocated_bytes"], "peak_seq": s["peak_seq"], "peak_ts_ns": _known(s["peak_ts_ns"], NO_TIMES),
         "reserved_at_peak_bytes": s["reserved_at_peak_bytes"],
         "curve": curves.get(key, []),
         "live_at_peak": _groups(peak_live, label, s["peak_allocated_bytes"]) if s["peak_seq"] is not None else None,
@@ -270,10 +274,15 @@ def _record(s: dict[str, Any], curves: dict, frames: dict, live: list[dict[str, 
         reasons["oom"] = NO_OOM
         record["reserved"]["absent_reasons"] = {"failed_request_bytes": NO_OOM}
     if s["largest_free"] is None:
-        record["reserved"].setdefault("absent_reasons", {})["largest_free_block_bytes"] = "no free block in the snapshot's segments"
+        record["reserved"].setdefault("absent_reasons", {})["largest_free_block_bytes"] = NO_FREE_BLOCK
     if reasons:
         record["absent_reasons"] = reasons
     return record
+
+
+def _known(value: Any, reason: str) -> Any:
+    """``value``, or ``Absent(reason)`` when the snapshot does not hold it (never a 0)."""
+    return Absent(reason) if value is None else value
 
 
 def _activations(peak_live: list[dict[str, Any]], label: Any) -> dict[str, Any]:
@@ -284,12 +293,18 @@ def _activations(peak_live: list[dict[str, Any]], label: Any) -> dict[str, Any]:
 def _oom(s: dict[str, Any], oom_live: list[dict[str, Any]], label: Any) -> dict[str, Any]:
     request, device_free = s["oom_request"], s["oom_device_free"]
     cached_free = s["oom_reserved"] - s["oom_allocated"]
-    cause = "fragmentation" if cached_free + (device_free or 0) >= request else "live data"
-    return {"seq": s["oom_seq"], "ts_ns": s["oom_ts_ns"], "request_bytes": request,
-            "device_free_bytes": device_free, "allocated_bytes": s["oom_allocated"],
+    cause = "fragmentation" if cached_free + (device_free or 0) >= request else "live data"  # no free bytes known: 0
+    return {"seq": s["oom_seq"], "ts_ns": _known(s["oom_ts_ns"], NO_TIMES), "request_bytes": request,
+            "device_free_bytes": _known(device_free, "the oom entry records no free bytes"),
+            "allocated_bytes": s["oom_allocated"],
             "reserved_bytes": s["oom_reserved"], "reserved_unallocated_bytes": cached_free,
-            "largest_free_block_bytes": s["largest_free"], "events_after_oom": s["events_after_oom"],
+            "largest_free_block_bytes": _known(s["largest_free"], NO_FREE_BLOCK),
+            "events_after_oom": s["events_after_oom"],
             "cause": cause, "live_by_frame": _groups(oom_live, label, s["oom_allocated"])}
+
+
+def _bytes(value: Any) -> int | None:
+    return None if isinstance(value, Absent) else value
 
 
 def _gib(n: int) -> str:
@@ -315,17 +330,17 @@ def memory_oom(results: Results) -> Iterator[Finding]:
         if oom is None:
             continue
         why = (f"fragmentation: {_gib(oom['reserved_unallocated_bytes'])} reserved but unallocated and "
-               f"{_gib(oom['device_free_bytes'] or 0)} free on the device would have held it, not in one piece"
+               f"{_gib(_bytes(oom['device_free_bytes']) or 0)} free on the device would have held it, not in one piece"
                if oom["cause"] == "fragmentation" else
                f"live data: {_gib(oom['allocated_bytes'])} allocated left {_gib(oom['reserved_unallocated_bytes'])} "
-               f"reserved-unallocated and {_gib(oom['device_free_bytes'] or 0)} free on the device")
+               f"reserved-unallocated and {_gib(_bytes(oom['device_free_bytes']) or 0)} free on the device")
         yield Finding(Severity.CRITICAL, "memory.oom",
                       f"rank {s['rank']} ran out of memory on device {s['device']}: a request of "
                       f"{_gib(oom['request_bytes'])} failed ({why}); live then: {_holders(oom['live_by_frame'])}",
                       {"device": s["device"], "request_bytes": oom["request_bytes"],
-                       "device_free_bytes": oom["device_free_bytes"], "reserved_bytes": oom["reserved_bytes"],
+                       "device_free_bytes": _bytes(oom["device_free_bytes"]), "reserved_bytes": oom["reserved_bytes"],
                        "allocated_bytes": oom["allocated_bytes"], "cause": oom["cause"],
-                       "largest_free_block_bytes": oom["largest_free_block_bytes"],
+                       "largest_free_block_bytes": _bytes(oom["largest_free_block_bytes"]),
                        "frames": [g["frame"] for g in oom["live_by_frame"]],
                        "frame_bytes": [g["bytes"] for g in oom["live_by_frame"]]},
                       ranks=(s["rank"],), leads=True)
