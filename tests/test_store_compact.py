@@ -7,6 +7,7 @@ The independent side is always the per-rank parts themselves: the same store ope
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -47,6 +48,16 @@ def late_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def _another_rank_of_the_job(tmp: Path) -> Path:
+    """Rank 2's trace with one top-level key more: new content of the same job (world size,
+    device, recording time), so the run takes it as another rank rather than another job."""
+    doc = json.loads(gzip.decompress((LATE / "rank2.pt.trace.json.gz").read_bytes()))
+    doc["note"] = "copy"
+    path = tmp / "rank7.pt.trace.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
 def _copy(root: Path, tmp: Path, name: str = "store") -> Path:
     target = tmp / name
     shutil.copytree(root, target)
@@ -80,7 +91,7 @@ def test_a_trace_committed_after_the_compaction_is_read_from_the_parts(late_stor
     """``ingest_trace_file`` commits without compacting: the run's listing no longer matches
     its manifest, so the whole run is read from its parts, the new rank included."""
     root = _copy(late_store, tmp_path)
-    ingest_trace_file(PIPELINE / "rank3.pt.trace.json.gz", root, "late", rank=7)
+    ingest_trace_file(_another_rank_of_the_job(tmp_path), root, "late", rank=7)
     with open_store(root) as store:
         assert store._shared.plan.compacted_runs == set()
         ranks = store.sql("SELECT DISTINCT rank FROM rank_step_host WHERE run = 'late' ORDER BY rank")
