@@ -62,30 +62,12 @@ WITH
         SELECT rank, source, {THREAD_SQL} AS thread, ts_ns, dur_ns FROM events e
         WHERE run = $run AND dur_ns > 0 AND kind IN ('cuda_runtime', 'cuda_driver') AND ({SYNC_WAIT.claims[0]})
     ),
-    -- An op's sync time is the sum over the thread's syncs of their overlap with it: G(end) - G(start)
-    -- with G(t) = sum of |[s0, s1) ∩ (-inf, t)| = t * n0 - sum0 - (t * n1 - sum1), where n0, sum0
-    -- count and add the starts s0 <= t and n1, sum1 the ends s1 <= t (syncs may nest). One sort and
-    -- two ASOF joins, where joining every op with every sync of its thread took seconds.
-    _sync_pts AS (
-        SELECT rank, source, thread, t, sum(n0) AS n0, sum(t0) AS t0, sum(n1) AS n1, sum(t1) AS t1
-        FROM (SELECT rank, source, thread, ts_ns AS t, 1 AS n0, ts_ns::HUGEINT AS t0, 0 AS n1, 0::HUGEINT AS t1
-              FROM _syncs
-              UNION ALL SELECT rank, source, thread, ts_ns + dur_ns, 0, 0, 1, (ts_ns + dur_ns)::HUGEINT FROM _syncs)
-        GROUP BY rank, source, thread, t
-    ),
-    _sync_cum AS (
-        SELECT rank, source, thread, t, sum(n0) OVER w AS n0, sum(t0) OVER w AS t0, sum(n1) OVER w AS n1,
-               sum(t1) OVER w AS t1
-        FROM _sync_pts WINDOW w AS (PARTITION BY rank, source, thread ORDER BY t ROWS UNBOUNDED PRECEDING)
-    ),
     _sync_in AS (
-        SELECT o.op_id,
-               coalesce((o.ts_ns + o.dur_ns) * (e.n0 - e.n1) - e.t0 + e.t1, 0)
-               - coalesce(o.ts_ns * (b.n0 - b.n1) - b.t0 + b.t1, 0) AS sync_ns
-        FROM _ops o
-        ASOF LEFT JOIN _sync_cum b ON b.rank = o.rank AND b.source = o.source AND b.thread = o.thread AND o.ts_ns >= b.t
-        ASOF LEFT JOIN _sync_cum e
-          ON e.rank = o.rank AND e.source = o.source AND e.thread = o.thread AND o.ts_ns + o.dur_ns >= e.t
+        SELECT o.op_id, sum(least(o.ts_ns + o.dur_ns, s.ts_ns + s.dur_ns) - greatest(o.ts_ns, s.ts_ns)) AS sync_ns
+        FROM _ops o JOIN _syncs s
+          ON s.rank = o.rank AND s.source = o.source AND s.thread = o.thread
+         AND s.ts_ns < o.ts_ns + o.dur_ns AND s.ts_ns + s.dur_ns > o.ts_ns
+        GROUP BY o.op_id
     ),
     _agg AS (
         SELECT o.source, o.name, any_value(o.category) AS category, count(*) AS count,
