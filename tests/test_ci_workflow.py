@@ -132,8 +132,9 @@ class Runner:
                        "GITHUB_STEP_SUMMARY": str(summary),
                        **{k: substitute(str(v), event) for k, v in env.items()}}
         environment.pop("STEPSCOPE_DEBUG", None)
+        # a hang guard, not a timing: three benchmark runs took over 10 minutes at load 30 on 2 cores
         done = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=job.workspace,
-                              env=environment, capture_output=True, text=True, timeout=600)
+                              env=environment, capture_output=True, text=True, timeout=1800)
         job.logs.append(f"$ {script}\n{done.stdout}{done.stderr}[exit {done.returncode}]")
         return done.returncode
 
