@@ -112,3 +112,26 @@ def test_a_run_without_steps_gets_a_whole_trace_verdict(shared_traces: Path, tmp
 
     screen = render_table(doc, width=160)
     assert "whole trace: over the 14.5 s its GPU work spans" in screen and "steps were not marked" in screen
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("relative, loaders", [("hta/trace_diff/control/control.json.gz", True),
+                                               ("tracelens/mi300/resnet_act_checkpoint.json.gz", False)])
+def test_data_loading_is_absent_where_no_dataloader_is_recorded(relative: str, loaders: bool, ingested,
+                                                                shared_traces: Path) -> None:
+    """control records one enumerate(DataLoader)# per step; the MI300 trace none (raw JSON): there
+    data loading is absent with its reason, in the steps and in the gpu.idle evidence, never 0."""
+    from tests.conftest import load_raw
+
+    raw = load_raw(shared_traces / relative)["traceEvents"]
+    recorded = any(str(e.get("name", "")).startswith("enumerate(DataLoader)#") for e in raw)
+    assert recorded == loaders
+    doc = build_summary(open_store(ingested(relative)), "t")
+    for step in doc["ranks"][0]["steps"]:
+        value = step["host"]["data_loading_ns"]
+        assert (value is not None) == loaders
+        if not loaders:
+            assert "enumerate(DataLoader)" in step["host"]["absent_reasons"]["data_loading_ns"]
+    for f in doc["findings"]:
+        if f["rule"] == "gpu.idle" and not loaders:
+            assert f["evidence"]["data_loading_ns_per_step"] is None
