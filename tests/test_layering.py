@@ -140,16 +140,7 @@ def _a_circle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-KNOWN_CIRCLES = {
-    "stepscope.analysis": "findings loads the rule modules through sections, which imports the package",
-}
-"""Packages with an import circle today, each to be removed with its fix (the xfail is strict:
-the test fails once the circle is gone, until its entry is removed)."""
-
-
-@pytest.mark.parametrize("package", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=KNOWN_CIRCLES[p])) if p in KNOWN_CIRCLES else p
-    for p in PACKAGES])
+@pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_circle_in_a_package(package: str) -> None:
     circle = _a_circle(_package_graph(package))
     assert circle is None, " -> ".join(circle)

@@ -26,6 +26,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -73,13 +74,14 @@ def load_modules() -> None:
     """Import every public module of ``stepscope.analysis``, filling the section and rule registries.
 
     Discovery instead of a hand-kept list: an analysis module cannot be forgotten, and two
-    people adding modules never edit the same line.
+    people adding modules never edit the same line. The modules are found in this file's own
+    folder, not through the package object: importing the package would run its ``__init__``,
+    which imports the registries, which load through here (an import circle).
     """
-    import stepscope.analysis as package
-
-    for info in pkgutil.iter_modules(package.__path__):
+    package = __name__.rpartition(".")[0]
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
         if not info.name.startswith("_"):
-            importlib.import_module(f"{package.__name__}.{info.name}")
+            importlib.import_module(f"{package}.{info.name}")
 
 
 def all_sections() -> list[Section]:
