@@ -216,7 +216,6 @@ def compact_run(root: Path | str, run: str) -> bool:
     con = engine.connect(limit="25%", threads=2)
     try:
         con.execute("SET preserve_insertion_order = true")
-        con.execute("SET enable_progress_bar = false")
         versions = sorted({int(v) for (v,) in con.execute(
             f"SELECT DISTINCT decode(value) FROM parquet_kv_metadata({_sql_list([p.path for p in parts['sources']])}) "
             f"WHERE decode(key) = '{SCHEMA_VERSION_KEY.decode()}'").fetchall()})

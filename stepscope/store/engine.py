@@ -49,11 +49,15 @@ def connect(*, limit: str | None = None, spill: bool = True,
         _SPILL_ROOT.mkdir(parents=True, exist_ok=True)
         spill_to = str(_SPILL_ROOT / str(next(_spill_numbers)))
     try:
-        return duckdb.connect(":memory:", config={"threads": threads or THREADS, "memory_limit": chosen,
-                                                  "temp_directory": spill_to})
+        con = duckdb.connect(":memory:", config={"threads": threads or THREADS, "memory_limit": chosen,
+                                                 "temp_directory": spill_to})
     except duckdb.Error as exc:
         raise UsageError(f"memory limit {chosen!r} (--memory-limit or ${MEMORY_LIMIT_ENV}): "
                          f"not a size such as 8GB or 40% ({exc})") from exc
+    # DuckDB draws its progress bar on stdout for any query past 2 s: into `summary --format
+    # json`'s document, on a loaded machine. Its cursors inherit the setting.
+    con.execute("SET enable_progress_bar = false")
+    return con
 
 
 @functools.lru_cache(maxsize=1)
