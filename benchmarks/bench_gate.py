@@ -36,6 +36,7 @@ Run: python benchmarks/bench_gate.py [--pairs 20] [--steps 12] [--sessions 5] [-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import subprocess
@@ -126,24 +127,29 @@ def cli_part(condition: str, pairs: int, steps: int, root: Path) -> dict[str, Co
     from stepscope.store import open_store
 
     work = Workload()
-    store = root / f"cli-{condition}"
     work.record(root / "warm-up", "w", 1.0, steps)  # a process's first profile pays one-time costs
     unchanged = []
+
+    def store(run: str) -> Path:
+        """A store per run: a query's cost grows with the runs of its store, not the point here."""
+        return root / f"cli-{condition}" / run
+
     for i in range(BASELINE_RUNS + pairs):
         unchanged.append(f"u{i}")
-        work.record(store, f"u{i}", 1.0, steps)
+        work.record(store(f"u{i}"), f"u{i}", 1.0, steps)
         if i >= BASELINE_RUNS:
             for kind in ("1.3x", "4x"):
-                work.record(store, f"{kind}-{i}", FACTORS[kind], steps)
+                work.record(store(f"{kind}-{i}"), f"{kind}-{i}", FACTORS[kind], steps)
     counts: dict[str, Counter[str]] = {}
     budgets, table = parse_budgets(list(DEFAULT_BUDGETS)), floors()
     reasons: Counter[str] = Counter()
-    with open_store(store) as s:
-        runs = [r for r in unchanged] + [f"{k}-{i}" for i in range(BASELINE_RUNS, BASELINE_RUNS + pairs)
-                                         for k in ("1.3x", "4x")]
-        source = side_source([(s, r) for r in runs])
+    runs = [r for r in unchanged] + [f"{k}-{i}" for i in range(BASELINE_RUNS, BASELINE_RUNS + pairs)
+                                     for k in ("1.3x", "4x")]
+    with contextlib.ExitStack() as stack:
+        opened = {r: stack.enter_context(open_store(store(r))) for r in runs}
+        source = side_source([(opened[r], r) for r in runs])
         # each run gathered once (what compare_sides does per comparison), then judged per pair
-        profile = dict(zip(runs, profiles([(s, r) for r in runs], source)))
+        profile = dict(zip(runs, profiles([(opened[r], r) for r in runs], source)))
         for i in range(BASELINE_RUNS, BASELINE_RUNS + pairs):
             base = [profile[r] for r in unchanged[i - BASELINE_RUNS:i]]
             for kind, run in (("unchanged", f"u{i}"), ("1.3x", f"1.3x-{i}"), ("4x", f"4x-{i}")):
@@ -152,7 +158,7 @@ def cli_part(condition: str, pairs: int, steps: int, root: Path) -> dict[str, Co
                 counts.setdefault(kind, Counter())[result.status] += 1
                 if result.status != "pass":
                     reasons[f"{kind} {result.status}: {result.reasons[0][:160]}"] += 1
-                old = _before(_walls(s, unchanged[i - 1]), _walls(s, run))
+                old = _before(_walls(opened[unchanged[i - 1]], unchanged[i - 1]), _walls(opened[run], run))
                 counts.setdefault(f"before:{kind}", Counter())[old] += 1
         cpu = {kind: median([median(profile[r].samples["step_time"]) for r in runs if r.startswith(prefix)])
                for kind, prefix in (("unchanged", "u"), ("1.3x", "1.3x-"), ("4x", "4x-"))}
