@@ -88,7 +88,7 @@ def _nest(value: Any) -> Any:
     """A marker of ``VALUES`` as plain data: deep nesting as nested lists, raw bytes as bytes."""
     if isinstance(value, str) and value.startswith("\x00fuzz-nest:"):
         out: list[Any] = []
-        for _ in range(min(int(value.rpartition(":")[2]), 5000)):  # pickle itself recurses when writing
+        for _ in range(min(int(value.rpartition(":")[2]), 500)):  # pickle.dumps recurses (limit ~1000)
             out = [out]
         return out
     if isinstance(value, str) and value.startswith("\x00fuzz-raw:"):
