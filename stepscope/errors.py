@@ -95,10 +95,10 @@ class InternalError(StepscopeError):
 
 EXIT_CODES: dict[int, str] = {
     0: "success; for `compare`: within budget (or no baseline yet, with the default `--missing-baseline pass`)",
-    StepscopeError.exit_code: "regression: a budget was exceeded beyond the run-to-run spread",
+    StepscopeError.exit_code: "regression: a budget was exceeded by more than the run-to-run noise",
     UsageError.exit_code: "usage error: a flag, a name or SQL that the user typed is wrong",
     TraceFormatError.exit_code: "bad input: a trace file or the store cannot be read or written (the message names the file)",
-    Inconclusive.exit_code: "inconclusive: the runs cannot be compared fairly (the reasons are printed)",
+    Inconclusive.exit_code: "inconclusive: the runs cannot be compared fairly, or a change is within the noise of its budget (the reasons are printed)",
     InternalError.exit_code: "internal error: stepscope failed; `--debug` or `STEPSCOPE_DEBUG=1` shows the traceback",
 }
 """Every exit code of the ``stepscope`` command and what it means (documented in docs/ci.md and

@@ -24,7 +24,7 @@ def test_cached_frame_equals_fresh_and_follows_the_runs_sources(
     tmp_path: Path, shared_traces: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = tmp_path / "store"
-    assert ingest_paths([shared_traces / NCCL], root, "r").ok
+    assert ingest_paths([shared_traces / "hta/trace_filter/sampled_rank-0.json.gz"], root, "r").ok
     first = step_breakdown(open_store(root), "r")
     files = list((root / "cache" / "step_breakdown" / "run=r").glob("*.parquet"))
     assert len(files) == 1
@@ -32,7 +32,7 @@ def test_cached_frame_equals_fresh_and_follows_the_runs_sources(
     monkeypatch.setenv(CACHE_ENV, "1")
     assert step_breakdown(open_store(root), "r").equals(first)  # computed afresh
     monkeypatch.delenv(CACHE_ENV)
-    # A second rank joins the run: the cached frame must not be served any more.
+    # A second rank of the same job joins the run: the cached frame must not be served any more.
     assert ingest_paths([shared_traces / "hta/trace_filter/sampled_rank-1.json.gz"], root, "r").ok
     both = step_breakdown(open_store(root), "r")
     assert sorted(set(both.column("rank").to_pylist())) == [0, 1]
@@ -131,7 +131,7 @@ def test_an_absence_is_kept_with_its_reason(tmp_path: Path, monkeypatch: pytest.
 def _step_times(source: str, wall_ns: int, steps: int) -> pa.Table:
     return pa.table({"source": [source] * steps, "step": list(range(steps)),
                      "start_ns": [i * wall_ns for i in range(steps)], "wall_ns": [wall_ns] * steps,
-                     "gpu_ns": [None] * steps, "profiled": [False] * steps,
+                     "cpu_ns": [None] * steps, "gpu_ns": [None] * steps, "profiled": [False] * steps,
                      "tokens": [None] * steps, "samples": [None] * steps,
                      "disturbed_by": [None] * steps})
 

@@ -18,6 +18,7 @@ from stepscope.analysis.summary import ranks_section
 from stepscope.store import open_store
 from stepscope.store.ingest import ingest_paths
 from stepscope.store.constants import file_metadata
+from stepscope.store.schema import STEP_TIMES
 from stepscope.store.writer import part_path, write_partition
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,13 +35,14 @@ def _store_with(tmp_path: Path, walls_ms: list[int], disturbed: list[str | None]
                "start_ns": [sum(walls_ms[:i]) * MS for i in range(n)],
                "wall_ns": [w * MS for w in walls_ms], "gpu_ns": [None] * n,
                "profiled": [False] * n, "tokens": [None] * n, "samples": [None] * n}
-    if disturbed is None:  # a part as a collector from before the column wrote it
+    if disturbed is None:  # a part as a collector from before the columns wrote it
         path = part_path(root, "step_times", "r", 0, source)
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.table(columns).replace_schema_metadata(file_metadata("step_times")), path)
     else:
         write_partition(root, "step_times", "r", 0, source,
-                        pa.table({**columns, "disturbed_by": disturbed}))
+                        pa.table({**columns, "cpu_ns": [None] * n, "disturbed_by": disturbed})
+                        .select([f.name for f in STEP_TIMES]))
     return root
 
 

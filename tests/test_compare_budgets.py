@@ -235,7 +235,9 @@ def test_report_renders_the_run_alone_without_its_baseline(sample_store: Path, t
     out = tmp_path / "report.html"
     assert main(["report", "run-1", "--store", str(sample_store), "--baseline", "main", "--out", str(out)]) == 0
     page = out.read_text()
-    assert "not compared: no baseline yet: main" in page and page.count("vegaEmbed('#chart") == 0
+    assert "not compared: no baseline yet: main" in page
+    # the run's own breakdown (a CPU run's host parts), and no baseline-against-candidate chart
+    assert page.count("vegaEmbed('#chart") == 1 and "Where each step" in page and "Baseline and candidate" not in page
     assert "stepscope report: run-1" in page
     [bundle] = (sample_store / "cache" / "report-js").glob("*.js")  # kept for the next report
     assert bundle.read_text(encoding="utf-8") in page

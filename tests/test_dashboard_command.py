@@ -50,17 +50,21 @@ def test_demo_opens_the_dashboard(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert served == [(tmp_path / "s", "127.0.0.1", 8600)]
 
 
-def test_demo_prints_each_runs_breakdown_from_the_analysis(tmp_path, capsys) -> None:
-    """The demo's per-rank table sums the analysis layer's host breakdown over the steps."""
-    from stepscope.analysis.breakdown import host_breakdown
+def test_demo_prints_each_runs_first_screen_as_summary_does(tmp_path, capsys) -> None:
+    """The demo prints, for every sample run, the verdict screen that ``stepscope summary``
+    opens with (the same text, from the same analysis), not a table of its own."""
     from stepscope.cli import main
     from stepscope.store import open_store
 
     store = tmp_path / "demo"
     assert main(["demo", "--no-dashboard", "--store", str(store)]) == 0
     out = capsys.readouterr().out
-    expected = host_breakdown(open_store(store), "ddp-gloo-2ranks").to_pylist()
-    for rank in (0, 1):
-        total_ms = sum(r["dur_ns"] for r in expected if r["rank"] == rank) / 1e6
-        assert f"{total_ms:,.3f}" in out
-    assert "ddp-gloo-2ranks: time by category per rank" in out
+    with open_store(store) as opened:
+        runs = opened.sql("SELECT run FROM runs ORDER BY run")["run"].to_pylist()
+    assert "ddp-gloo-2ranks" in runs and len(runs) >= 2
+    for run in runs:
+        assert main(["summary", "--run", run, "--store", str(store)]) == 0
+        screen = capsys.readouterr().out
+        verdict = screen[:screen.index("Findings")]  # the header and what bounds the step
+        assert verdict in out, run
+        assert f"run {run}: " in verdict and "step time" in verdict

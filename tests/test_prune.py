@@ -41,7 +41,8 @@ def test_prune_keeps_the_newest_and_the_baselines(tmp_path: Path, capsys: pytest
         assert ingest_paths([SAMPLE], store, run).ok
     assert main(["baseline", "set", "main", "a", "--store", str(store)]) == 0
     assert main(["accept", "b", "--reason", "intended", "--store", str(store), "--baseline", "other"]) == 0
-    assert main(["baseline", "set", "other", "d", "--store", str(store)]) == 0
+    # accept made b the whole of baseline "other"; a new run replaces it when the baseline keeps one
+    assert main(["baseline", "set", "other", "d", "--keep", "1", "--store", str(store)]) == 0
     assert main(["summary", "--store", str(store), "--run", "b", "--format", "json"]) == 0  # fills the cache
     capsys.readouterr()
     assert main(["prune", "--keep", "1", "--store", str(store), "--dry-run"]) == 0

@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import duckdb
 
-from stepscope.store.atomic import write_text_atomic
+from stepscope.store.atomic import atomic_path, write_text_atomic
 from stepscope.store.constants import SCHEMA_VERSION_KEY, file_metadata
 from stepscope.store.location import is_url
 
@@ -229,12 +229,11 @@ def compact_run(root: Path | str, run: str) -> bool:
             if table in RAW_TABLES:
                 continue
             name = f"{table}-{token}.parquet"
-            tmp = folder / f".{name}.tmp"
             select = f"SELECT * FROM read_parquet({_sql_list([p.path for p in table_parts])}, {HIVE}) t"
             if table != "sources":
                 select += " SEMI JOIN committed c ON t.rank = c.rank AND t.source = c.source"
-            con.execute(f"COPY ({select}) TO '{tmp}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {_kv(table)})")
-            os.replace(tmp, folder / name)
+            with atomic_path(folder / name) as tmp:
+                con.execute(f"COPY ({select}) TO '{tmp}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {_kv(table)})")
             written[table] = name
     finally:
         con.close()

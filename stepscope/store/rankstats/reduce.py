@@ -20,15 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepscope.store.rankstats.breakdown import (GPU_KINDS_SQL, PREPARE, comm_spans_query, gpu_totals_query,
-                                                 rank_step_query, sql_list)
+from stepscope.store.rankstats.breakdown import (GPU_KINDS_SQL, PREPARE, WINDOW_COLUMNS, comm_spans_query,
+                                                 gpu_totals_query, rank_step_query, sql_list, stored_columns)
 from stepscope.store.rankstats.collectives import HOST_SIDE_SQL, RANK_COLLECTIVES, RANK_HIDING_SPANS
 from stepscope.store.rankstats.copies import RANK_COPIES
 from stepscope.store.rankstats.flops import FLOP_OPS, RANK_FLOP_OPS, RANK_FLOP_TRACES
 from stepscope.store.rankstats.kernels import RANK_CPU_OPS, RANK_KERNELS, RANK_LAUNCHES
 from stepscope.store.rankstats.memory import (PREPARE_MEMORY, RANK_MEMORY_ALLOCATIONS, RANK_MEMORY_CURVE,
                                               RANK_MEMORY_LIVE, RANK_MEMORY_PEAKS, RANK_MEMORY_STEPS)
-from stepscope.store.rankstats.parts import GPU, HOST
+from stepscope.store.rankstats.parts import GPU, HOST, Breakdown
 from stepscope.store.rankstats.pipeline import (ACTION_SQL, P2P_SQL, RANK_P2P, RANK_PIPELINE_ACTIONS,
                                                 RANK_PIPELINE_WORK)
 from stepscope.store.rankstats.segments import segments_query, step_windows_query
@@ -52,6 +52,12 @@ class RankTable:
     shared: tuple[str, ...] = ()
 
 
+def _step_columns(breakdown: Breakdown) -> str:
+    """``rank_step_<name>``'s columns and types, from the part catalogue (as the schema's)."""
+    names = ("step", *(name for name, _ in WINDOW_COLUMNS[breakdown]), *stored_columns(breakdown))
+    return ", ".join(["source VARCHAR", *(f"{name} BIGINT" for name in names)])
+
+
 _GPU_WORK = f"e.kind IN {GPU_KINDS_SQL} AND e.dur_ns > 0"
 _MEMORY = "e.kind = 'memory' AND e.ts_ns IS NOT NULL"
 """The rows of the ``memory`` part (every memory table reads them)."""
@@ -60,12 +66,7 @@ TABLES: tuple[RankTable, ...] = (
     RankTable("rank_copies", RANK_COPIES, "e.kind = 'memcpy' AND e.dur_ns IS NOT NULL",
               "source VARCHAR, step BIGINT, ts_ns BIGINT, dur_ns BIGINT, stream BIGINT, name VARCHAR, bytes BIGINT, "
               "direction VARCHAR, host_memory VARCHAR, hidden_ns BIGINT, exposed_ns BIGINT"),
-    RankTable("rank_step_gpu", rank_step_query(GPU), _GPU_WORK,
-              "source VARCHAR, step BIGINT, start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT, cpu_start_ns BIGINT, "
-              "cpu_dur_ns BIGINT, compute_ns BIGINT, comm_exposed_ns BIGINT, memcpy_h2d_exposed_ns BIGINT, "
-              "memcpy_d2h_exposed_ns BIGINT, memcpy_d2d_exposed_ns BIGINT, memcpy_other_exposed_ns BIGINT, "
-              "memset_exposed_ns BIGINT, idle_ns BIGINT, comm_overlapped_ns BIGINT, memcpy_overlapped_ns BIGINT, "
-              "idle_host_wait_ns BIGINT, idle_kernel_wait_ns BIGINT, idle_other_ns BIGINT"),
+    RankTable("rank_step_gpu", rank_step_query(GPU), _GPU_WORK, _step_columns(GPU)),
     RankTable("rank_step_host", rank_step_query(HOST)),
     RankTable("rank_comm_spans", comm_spans_query()),
     RankTable("rank_gpu_totals", gpu_totals_query(), _GPU_WORK,
