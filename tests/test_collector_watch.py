@@ -11,7 +11,6 @@ its own; rank 1's sleep makes its step ~5x and ~220 ms longer.
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +78,10 @@ def test_slow_step_on_rank_1_is_captured_on_both_ranks(slow_job: dict[str, Any],
     assert reports[1]["slept_ns"][SLOW_AT[0]] <= observed <= timed[SLOW_AT[0]]
     # The reference is an ordinary step: the median of the steps the watch judged before (those
     # stepscope did not disturb), or rank 0's time of that step scaled by how the ranks usually
-    # compare; either way within the middle of rank 1's step times before the slow step.
+    # compare; either way within the range of rank 1's ordinary step times before the slow step
+    # (not within their deciles: rank 0's step, scaled, can be one of its own slower ones).
     before = [timed[s] for s in range(SLOW_AT[0]) if s not in SCHEDULED]
-    deciles = statistics.quantiles(before, n=10)
-    assert deciles[0] <= reference <= deciles[-1]
+    assert min(before) <= reference <= max(before)
     assert observed > WATCH.slow_factor * reference
     # The store holds that window on both ranks, next to the scheduled one.
     windows = store.sql("SELECT rank, kind, list(step ORDER BY step) AS steps FROM windows w "
