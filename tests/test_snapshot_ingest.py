@@ -33,15 +33,21 @@ VARIANTS = {
 SAMPLE_TRACE = Path(__file__).parent.parent / "sample_traces" / "cpu-transformer" / "rank0.pt.trace.json.gz"
 
 
-def _stored_events(store: Path, run: str, rank: int = 0) -> list[tuple]:
+def _stored(store: Path, table: str, columns: tuple[str, ...], order: str, run: str, rank: int) -> list[tuple]:
+    """``table``'s rows of one rank as tuples of ``columns``, each with its stack's frames."""
+    t = table[len("snapshot_"):][0]
     rows = open_store(store).sql(
-        "SELECT e.device, e.seq, e.action, e.address, e.size, e.stream, e.ts_ns, "
+        f"SELECT {', '.join(f'{t}.{c}' for c in columns)}, "
         "  (SELECT list((s.file, s.line, s.function) ORDER BY s.depth) FROM snapshot_stacks s "
-        "   WHERE s.run = e.run AND s.rank = e.rank AND s.source = e.source AND s.stack_id = e.stack_id) AS frames "
-        "FROM snapshot_events e WHERE e.run = $run AND e.rank = $rank ORDER BY e.device, e.seq",
+        f"   WHERE s.run = {t}.run AND s.rank = {t}.rank AND s.source = {t}.source AND s.stack_id = {t}.stack_id) AS frames "
+        f"FROM {table} {t} WHERE {t}.run = $run AND {t}.rank = $rank ORDER BY {order}",
         {"run": run, "rank": rank}).to_pylist()
-    return [(*(r[k] for k in ("device", "seq", "action", "address", "size", "stream", "ts_ns")), _frame_tuple(r["frames"]))
-            for r in rows]
+    return [(*(r[c] for c in columns), _frame_tuple(r["frames"])) for r in rows]
+
+
+def _stored_events(store: Path, run: str, rank: int = 0) -> list[tuple]:
+    return _stored(store, "snapshot_events", ("device", "seq", "action", "address", "size", "stream", "ts_ns"),
+                   "e.device, e.seq", run, rank)
 
 
 def _frame_tuple(frames: list[dict] | None) -> tuple | None:
@@ -49,14 +55,8 @@ def _frame_tuple(frames: list[dict] | None) -> tuple | None:
 
 
 def _stored_blocks(store: Path, run: str, rank: int = 0) -> list[tuple]:
-    rows = open_store(store).sql(
-        "SELECT b.device, b.segment_address, b.address, b.size, b.requested_size, b.state, "
-        "  (SELECT list((s.file, s.line, s.function) ORDER BY s.depth) FROM snapshot_stacks s "
-        "   WHERE s.run = b.run AND s.rank = b.rank AND s.source = b.source AND s.stack_id = b.stack_id) AS frames "
-        "FROM snapshot_blocks b WHERE b.run = $run AND b.rank = $rank ORDER BY b.device, b.address",
-        {"run": run, "rank": rank}).to_pylist()
-    return [(*(r[k] for k in ("device", "segment_address", "address", "size", "requested_size", "state")),
-             _frame_tuple(r["frames"])) for r in rows]
+    return _stored(store, "snapshot_blocks", ("device", "segment_address", "address", "size", "requested_size", "state"),
+                   "b.device, b.address", run, rank)
 
 
 def _stored_segments(store: Path, run: str, rank: int = 0) -> list[tuple]:

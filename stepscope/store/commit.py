@@ -26,7 +26,7 @@ from stepscope.errors import StoreError, StoreWriteError, TraceFormatError, Usag
 from stepscope.store import dedupe, engine, jobs, rankstats, sessions
 from stepscope.store.constants import DUCKDB_TYPES, SOURCES_COLUMNS
 from stepscope.store.convert import Conversion, SqlPart
-from stepscope.store.writer import move_part, part_path, write_partition
+from stepscope.store.writer import move_part, remove_uncommitted, write_partition
 
 PARTS = ("events", "steps", "memory", *(t.name for t in rankstats.TABLES))
 """The tables a trace's conversion writes before its ``sources`` row commits them: its events,
@@ -74,11 +74,7 @@ class ConvertedTrace:
 
 def remove_parts(root: Path, run: str, rank: int, source: str) -> None:
     """Remove a trace's uncommitted parts, unless a committed copy of the same file owns them."""
-    if part_path(root, "sources", run, rank, source).is_file():
-        return
-    for table in PARTS:
-        with contextlib.suppress(OSError):
-            part_path(root, table, run, rank, source).unlink()
+    remove_uncommitted(root, PARTS, run, rank, source)
 
 
 class LocalParts:

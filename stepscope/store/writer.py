@@ -14,9 +14,11 @@ writes the file itself (ingest's DuckDB queries); this module imports pyarrow on
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Union
 
@@ -46,6 +48,16 @@ def partition_dir(root: Path, table: str, run: str, rank: int) -> Path:
 
 def part_path(root: Path, table: str, run: str, rank: int, source: str) -> Path:
     return partition_dir(root, table, run, rank) / f"part-{source}.parquet"
+
+
+def remove_uncommitted(root: Path, tables: Iterable[str], run: str, rank: int, source: str) -> None:
+    """Remove a source's parts of ``tables``, unless its ``sources`` row (written last, at the
+    commit) made them visible: a committed copy of the same file owns them then."""
+    if part_path(root, "sources", run, rank, source).is_file():
+        return
+    for table in tables:
+        with contextlib.suppress(OSError):
+            part_path(root, table, run, rank, source).unlink()
 
 
 class PartSource(Protocol):

@@ -289,13 +289,20 @@ def kernel_stats(store: SQLStore, run: str, steps: int) -> Maybe[list[NamedStat]
     :func:`stepscope.analysis.kernels.top_kernels` (which counts work launched inside steps)."""
     if steps == 0:
         return Absent("no ProfilerStep#N annotations: kernel time per step is undefined")
+    return _per_step_by_name(top_kernels(store, run, TOP_KERNELS).to_pylist(), steps,
+                             "no GPU kernels in this run's traces")
+
+
+def _per_step_by_name(rows: list[dict[str, Any]], steps: int, none: str) -> Maybe[list[NamedStat]]:
+    """Rows of a top-N frame (``name, total_ns, count`` per rank) as time and count per step,
+    each the median over ranks; ``none`` is the reason when there are no rows."""
     times: dict[str, list[float]] = defaultdict(list)
     counts: dict[str, list[float]] = defaultdict(list)
-    for row in top_kernels(store, run, TOP_KERNELS).to_pylist():
+    for row in rows:
         times[row["name"]].append(row["total_ns"] / steps)
         counts[row["name"]].append(row["count"] / steps)
     if not times:
-        return Absent("no GPU kernels in this run's traces")
+        return Absent(none)
     med_t, med_c = _median_over_ranks(times), _median_over_ranks(counts)
     return [NamedStat(name, med_t[name], med_c.get(name)) for name in sorted(med_t)]
 
@@ -356,15 +363,8 @@ def cpu_op_stats(store: SQLStore, run: str, steps: int) -> Maybe[list[NamedStat]
     :func:`stepscope.analysis.kernels.top_cpu_ops` (ops inside steps)."""
     if steps == 0:
         return Absent("no ProfilerStep#N annotations: op time per step is undefined")
-    times: dict[str, list[float]] = defaultdict(list)
-    counts: dict[str, list[float]] = defaultdict(list)
-    for row in top_cpu_ops(store, run, TOP_KERNELS).to_pylist():
-        times[row["name"]].append(row["total_ns"] / steps)
-        counts[row["name"]].append(row["count"] / steps)
-    if not times:
-        return Absent("no CPU ops in this run's traces")
-    med_t, med_c = _median_over_ranks(times), _median_over_ranks(counts)
-    return [NamedStat(name, med_t[name], med_c.get(name)) for name in sorted(med_t)]
+    return _per_step_by_name(top_cpu_ops(store, run, TOP_KERNELS).to_pylist(), steps,
+                             "no CPU ops in this run's traces")
 
 
 def run_profile(store: SQLStore, run: str, source: str) -> RunProfile:

@@ -25,7 +25,7 @@ from stepscope.store.constants import SOURCES_COLUMNS
 from stepscope.store.location import is_url
 from stepscope.store.snapshot.reader import read_snapshot
 from stepscope.store.snapshot.tables import snapshot_tables
-from stepscope.store.writer import part_path, run_id, write_partition
+from stepscope.store.writer import remove_uncommitted, run_id, write_partition
 
 INPUT_KIND = "memory_snapshot"
 """``metadata.input`` of a snapshot's ``sources`` row: what tells it from a trace."""
@@ -84,18 +84,9 @@ def ingest_snapshot(path: str | Path, store: str | Path, run: str, *, rank: int,
             with contextlib.suppress(OSError):
                 dedupe.record_content(root, rid, sha256, rank, source)
     except OSError as exc:
-        _remove(root, rid, rank, source)
+        remove_uncommitted(root, TABLES, rid, rank, source)
         raise StoreWriteError(path, root, exc) from exc
     except BaseException:
-        _remove(root, rid, rank, source)
+        remove_uncommitted(root, TABLES, rid, rank, source)
         raise
     return StoredSnapshot(source, events, skipped=False)
-
-
-def _remove(root: Path, run: str, rank: int, source: str) -> None:
-    """Remove a snapshot's uncommitted tables, unless its ``sources`` row made them visible."""
-    if part_path(root, "sources", run, rank, source).is_file():
-        return
-    for name in TABLES:
-        with contextlib.suppress(OSError):
-            part_path(root, name, run, rank, source).unlink()
