@@ -118,28 +118,57 @@ def run_key(store: Any, run: str, args: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def cached_json(store: Any, name: str, run: str, args: object, compute: Callable[[], Any]) -> Any:
-    """Cache a JSON document derived from the whole analysis package (e.g. the summary), keyed
-    like the frames."""
+def _json_path(store: Any, name: str, run: str, args: object) -> Path | None:
+    """Where the document ``name`` of ``run`` for ``args`` is kept; None when nothing is cached
+    (no cache folder, or the cache turned off)."""
     root = _cache_root(store)
     if root is None or os.environ.get(CACHE_ENV) == "1":
+        return None
+    return Path(root) / "cache" / name / f"run={run}" / f"{run_key(store, run, repr(args))}.json"
+
+
+def cached_json_text(store: Any, name: str, run: str, args: object) -> bytes | None:
+    """The kept document of :func:`cached_json` as the compact JSON it was written as, not
+    parsed (``stepscope summary --format json`` reformats it without building the objects);
+    None when there is none."""
+    path = _json_path(store, name, run, args)
+    try:
+        return path.read_bytes() if path is not None and path.is_file() else None
+    except OSError:
+        return None
+
+
+def cached_json(store: Any, name: str, run: str, args: object, compute: Callable[[], Any]) -> Any:
+    """Cache a JSON document derived from the whole analysis package (e.g. the summary), keyed
+    like the frames. Kept as compact JSON (written and read by the C codec: a 1,024-rank
+    summary is tens of MB)."""
+    path = _json_path(store, name, run, args)
+    if path is None:
         return compute()
-    key = run_key(store, run, repr(args))
-    path = Path(root) / "cache" / name / f"run={run}" / f"{key}.json"
     if path.is_file():
         try:
-            return json.loads(path.read_text())
+            return json.loads(path.read_bytes())
         except (OSError, ValueError) as exc:
             log.warning("%s: unreadable cache file, recomputing (%s)", path, exc)
     doc = compute()
     try:
-        write_text_atomic(path, json.dumps(doc))
+        write_text_atomic(path, json.dumps(doc, separators=(",", ":")))
         for stale in path.parent.glob("*.json"):
             if stale != path:
                 stale.unlink(missing_ok=True)
     except OSError as exc:
         log.info("%s: cache not written (%s)", path, exc)
     return doc
+
+
+def peek_json(store: Any, name: str, run: str, args: object) -> Any | None:
+    """The kept document of :func:`cached_json`, parsed, or None when there is none (nothing
+    computed)."""
+    text = cached_json_text(store, name, run, args)
+    try:
+        return None if text is None else json.loads(text)
+    except ValueError:
+        return None
 
 
 def cache_path(root: Path, frame: str, run: str, key: str) -> Path:

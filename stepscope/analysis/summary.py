@@ -248,20 +248,48 @@ def build_summary(store: SQLStore, run: str, ranks: Sequence[int] | None = None)
     """
     from stepscope.analysis.cache import cached_json
 
-    wanted = None if ranks is None else sorted(int(r) for r in ranks)
+    wanted = summary_args(ranks)
     return cached_json(store, "summary", run, wanted, lambda: _compute_summary(store, run, wanted))
+
+
+def summary_args(ranks: Sequence[int] | None) -> list[int] | None:
+    """The ranks asked for as the summary's cache key holds them (None: the whole run)."""
+    return None if ranks is None else sorted(int(r) for r in ranks)
+
+
+def summary_verdict(store: SQLStore, run: str) -> dict[str, Any]:
+    """The whole run's ``verdict`` object, the summary's first screen (the dashboard's Overview
+    opens with it): the same object :func:`build_summary` puts in its document, cached per run on
+    its own (``<store>/cache/verdict/``: a few kB, where the document of 1,024 ranks is tens of MB).
+
+    Shares the cache with ``stepscope summary``: taken from a summary document already computed;
+    else from the sections, whose frames the analysis layer keeps for the summary to reuse
+    (:mod:`stepscope.analysis.cache`), without building their JSON."""
+    from stepscope.analysis.cache import cached_json, peek_json
+
+    def compute() -> dict[str, Any]:
+        doc = peek_json(store, "summary", run, None)
+        if doc is not None:
+            return doc["verdict"]
+        return jsonable(_verdict(store, run, None, compute_sections(store, run, None)))
+
+    return cached_json(store, "verdict", run, None, compute)
+
+
+def _verdict(store: SQLStore, run: str, ranks: Sequence[int] | None, results: dict[str, object]) -> dict[str, Any]:
+    """The ``verdict`` object over the sections' ``results`` (not yet made JSON-ready)."""
+    ranks_result = results["ranks"]
+    assert isinstance(ranks_result, RanksResult)
+    return verdict(store, run, ranks_result, evaluate(results), clock_offsets(store, run),
+                   whole_trace_verdict(store, run, ranks))
 
 
 def _compute_summary(store: SQLStore, run: str, ranks: Sequence[int] | None) -> dict[str, Any]:
     from stepscope.analysis.sections import all_sections
 
     results = compute_sections(store, run, ranks)
-    findings = evaluate(results)
-    ranks_result = results["ranks"]
-    assert isinstance(ranks_result, RanksResult)
     doc: dict[str, Any] = {"summary_version": SUMMARY_VERSION, "run": run}
-    doc["verdict"] = verdict(store, run, ranks_result, findings, clock_offsets(store, run),
-                             whole_trace_verdict(store, run, ranks))
+    doc["verdict"] = _verdict(store, run, ranks, results)
     for s in all_sections():
         result = results[s.name]
         doc[s.name] = result if isinstance(result, Absent) else s.to_json(result)

@@ -81,7 +81,9 @@ def view_columns(root: str, fingerprints: str) -> dict[str, list[str]]:
 @st.cache_data(show_spinner=False, ttl=5)
 def runs_table(root: str) -> Any:
     """The store's ``runs`` view plus each run's sources fingerprint (cached a few seconds, so a
-    new ingest shows up without a restart)."""
+    new ingest shows up without a restart: the server's ``Store`` lists the store's files again,
+    :meth:`Store.refresh`, which its sessions' views follow)."""
+    _open(root).refresh()
     store = store_for(root)
     return store.df(
         """

@@ -12,7 +12,7 @@ from stepscope.analysis.breakdown import host_breakdown, rank_totals, step_break
 from stepscope.store.rankstats.parts import GPU, HOST, Part
 from stepscope.analysis.steps import step_times
 from stepscope.analysis.timeline import late_marks, step_timeline, timeline_parts
-from stepscope.analysis.summary import build_summary
+from stepscope.analysis.summary import summary_verdict
 from stepscope.dashboard._data import context
 from stepscope.dashboard._perfetto import MAX_INLINE_BYTES, open_button_html, rank_trace, trace_seconds
 from stepscope.dashboard._filters import select
@@ -40,10 +40,10 @@ def _leaves() -> dict[str, Part]:
 
 def show_verdict() -> list:
     """The run, its step basis, what bounds the step and the findings by time at stake: the
-    summary's first screen, from the same document (:func:`stepscope.analysis.summary.build_summary`),
-    so the page and ``stepscope summary`` state the same figures against the same step."""
-    doc = ctx.analysis(build_summary)
-    v = doc["verdict"]
+    summary's first screen, the same object (:func:`stepscope.analysis.summary.summary_verdict`,
+    cached with the summary's), so the page and ``stepscope summary`` state the same figures
+    against the same step."""
+    v = ctx.analysis(summary_verdict)
     findings = v.get("findings") or []
     facts = v["run"]
     where = "GPU" if v.get("breakdown") == "gpu" else "host"
