@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from stepscope.analysis._local import local_sql
 from stepscope.analysis._sql import rank_filter
@@ -163,13 +164,17 @@ def skipped_kernels(store: SQLStore, run: str, ranks: Sequence[int] | None = Non
 
 def coverage(ops: pa.Table, skipped: dict[tuple[int, str], tuple[int, int]]) -> dict[int, Coverage]:
     """Per rank: :class:`Coverage` from the counted ops' kernels (``flop_ops``) and :func:`skipped_kernels`."""
-    sized: dict[int, int] = {}
-    for row in ops.to_pylist():
-        if row["counted"] and row["gpu_ns"]:
-            sized[row["rank"]] = sized.get(row["rank"], 0) + row["gpu_ns"]
+    # Summed in Arrow: a 1,024-rank run has millions of ops (a Python loop over them took 10 s).
+    gpu_ns = ops.column("gpu_ns")
+    kept = ops.filter(pc.and_(pc.and_(ops.column("counted"), pc.is_valid(gpu_ns)), pc.not_equal(gpu_ns, 0)))
+    per_rank = kept.group_by("rank").aggregate([("gpu_ns", "sum")])
+    sized = dict(zip(per_rank.column("rank").to_pylist(), per_rank.column("gpu_ns_sum").to_pylist()))
+    by_rank: dict[int, list[tuple[int, int]]] = {}
+    for (rank, _), value in skipped.items():
+        by_rank.setdefault(rank, []).append(value)
     out: dict[int, Coverage] = {}
-    for rank in {*sized, *(r for r, _ in skipped)}:
-        parts = [v for (r, _), v in skipped.items() if r == rank]
+    for rank in {*sized, *by_rank}:
+        parts = by_rank.get(rank, [])
         out[rank] = Coverage(sized.get(rank, 0), sum(ns for _, ns in parts), sum(n for n, _ in parts))
     return out
 

@@ -1,0 +1,50 @@
+"""A running dashboard sees what is ingested after it opened the store (issue 20, item 3).
+
+The server opens the store once (one ``Store``, its views naming the files listed then); its
+runs table, recomputed every few seconds, calls ``Store.refresh()``, so a run ingested while the
+server runs is listed and shown without a restart. Checked in Streamlit's AppTest: one session
+opens the Overview, a second run is ingested into the same store, the runs table's few-second
+cache is let go (what its time-to-live does), and the same session lists the new run and draws
+its Overview from its own traces.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from stepscope.store.ingest import ingest_paths  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
+
+APP = REPO / "stepscope" / "dashboard" / "app.py"
+SAMPLES = REPO / "sample_traces"
+
+
+def test_a_run_ingested_while_the_dashboard_runs_is_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepscope.dashboard._data import runs_table
+
+    root = tmp_path / "store"
+    assert ingest_paths([SAMPLES / "cpu-transformer"], root, "first").ok
+    monkeypatch.setattr(sys, "argv", ["app.py", "--store", str(root)])
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.run()
+    at.switch_page("views/overview.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.selectbox(key="run").options == ["first"]
+
+    report = ingest_paths([SAMPLES / "gloo-3ranks-late"], root, "second")
+    assert report.ok, report.errors
+    runs_table.clear()  # what the table's time-to-live does a few seconds later
+    at.run()
+    assert at.selectbox(key="run").options == ["first", "second"]
+    at.selectbox(key="run").set_value("second").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value == "Overview: second"
+    # the new run's own traces: three ranks traced (the verdict's first line says so)
+    assert any("3 ranks traced" in m.value for m in at.markdown), [m.value for m in at.markdown][:3]
