@@ -111,25 +111,13 @@ def show_timeline(findings: list) -> None:
         return
     default = _default_step(findings, steps)
     step = st.selectbox("Step", steps, index=steps.index(default), key="timeline_step")
-    segments = ctx.analysis(step_timeline, step=int(step))
-    if not shown(segments, "Step timeline"):
+    drawn = _timeline_drawn(ctx.root, ctx.run, ctx.fingerprint(ctx.run), int(step), ctx.ranks)
+    if not shown(drawn, "Step timeline"):
         return
-    data = select(frame(segments), ctx, step=None)
+    data, origin, order, cut = drawn
     if data.empty:
         st.info("No segment of the selected ranks in this step.")
         return
-    origin = int(data["t0_ns"].min())
-    leaves = _leaves()
-    breakdown = GPU if data["breakdown"].iloc[0] == "gpu" else HOST
-    order = [p for p in timeline_parts(breakdown) if p.name in set(data["part"])]
-    data = data.assign(label=data["part"].map(lambda n: leaves[n].label),
-                       start_ms=(data["t0_ns"] - origin) / NS_PER_MS, end_ms=(data["t1_ns"] - origin) / NS_PER_MS,
-                       dur_ms=data["dur_ns"] / NS_PER_MS)
-    cut = 0
-    if len(data) > TIMELINE_MAX_BARS:
-        keep = data["dur_ns"].nlargest(TIMELINE_MAX_BARS).index
-        cut = len(data) - len(keep)
-        data = data.loc[keep]
     lanes = sorted(data["rank"].unique())
     color = alt.Color("label:N", title="part", sort=[p.label for p in order], legend=alt.Legend(labelLimit=0, orient="bottom", columns=3),
                       scale=alt.Scale(domain=[p.label for p in order], range=[p.color for p in order]))
@@ -158,6 +146,35 @@ def show_timeline(findings: list) -> None:
     rank = int(left.selectbox("Open a rank's trace", lanes, key="timeline_rank"))
     with right:
         open_in_perfetto(rank, int(step))
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _timeline_drawn(root: str, run: str, fingerprint: str, step: int, ranks: tuple[int, ...]):
+    """What the step timeline draws of ``step`` for ``ranks``, once per (store, run, its sources,
+    step, ranks): the :data:`TIMELINE_MAX_BARS` longest segments with their labels and times in ms
+    since the step's first start, that start, the parts present (in the catalogue's order) and how
+    many segments were left out; the analysis's :class:`Absent` as it is. Kept small: a step of
+    1,024 ranks has a million segments, which a new session should not copy and convert again."""
+    segments = ctx.analysis(step_timeline, step=step)
+    if isinstance(segments, Absent):
+        return segments
+    data = select(frame(segments), ctx, step=None)
+    if data.empty:
+        return data, 0, [], 0
+    origin = int(data["t0_ns"].min())
+    leaves = _leaves()
+    breakdown = GPU if data["breakdown"].iloc[0] == "gpu" else HOST
+    present = set(data["part"].unique())
+    order = [p for p in timeline_parts(breakdown) if p.name in present]
+    cut = 0
+    if len(data) > TIMELINE_MAX_BARS:
+        keep = data["dur_ns"].nlargest(TIMELINE_MAX_BARS).index
+        cut = len(data) - len(keep)
+        data = data.loc[keep]
+    data = data.assign(label=data["part"].map({name: leaf.label for name, leaf in leaves.items()}),
+                       start_ms=(data["t0_ns"] - origin) / NS_PER_MS, end_ms=(data["t1_ns"] - origin) / NS_PER_MS,
+                       dur_ms=data["dur_ns"] / NS_PER_MS)
+    return data, origin, order, cut
 
 
 @st.cache_data(show_spinner="Preparing the rank's trace...", max_entries=4)
