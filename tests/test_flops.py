@@ -467,3 +467,41 @@ def test_the_count_says_what_it_skipped_and_mfu_needs_the_products_sized(ingeste
     reason = Coverage(0, expected["conv"], 318).absence()
     assert reason and "318 product ops" in reason and "MFU needs 90%" in reason
     assert Coverage(95, 5, 1).absence() is None and Coverage(89, 11, 1).absence() is not None
+
+
+@pytest.mark.shared
+def test_skipped_kernels_as_of_join_finds_what_the_range_join_finds(ingested) -> None:
+    """The launches behind the skipped ops are found with an as-of join when no two skipped ops of
+    a thread share an instant (each call then lies in at most the latest op started before it),
+    else with the range join (checked against the raw JSON above, on resnet50, whose skipped ops
+    overlap). On df_index_resolver (2,665 skipped ops, disjoint) both give the same rows."""
+    from stepscope.analysis.flops import (_LAUNCHES_ASOF, _LAUNCHES_RANGE, _SKIPPED, _SKIPPED_KERNELS,
+                                          _SKIPPED_OVERLAP, skipped_kernels)
+
+    skipped, params = _SKIPPED.format(rf="TRUE"), {"run": "t"}
+    resnet = open_store(ingested("kineto_tb_plugin/old_2021-02/resnet50_profiler_api_num_workers_0.worker0.pt.trace.json.gz"))
+    assert resnet.sql(_SKIPPED_OVERLAP.format(skipped=skipped), params).to_pylist() == [{"overlap": True}]
+    store = open_store(ingested("hta/df_index_resolver/df_index_resolver.json.gz"))
+    assert store.sql(_SKIPPED_OVERLAP.format(skipped=skipped), params).to_pylist() == [{"overlap": False}]
+    rows = {how: store.sql(_SKIPPED_KERNELS.format(skipped=skipped, launches=launches) + " ORDER BY rank, family",
+                           params).to_pylist() for how, launches in (("asof", _LAUNCHES_ASOF), ("range", _LAUNCHES_RANGE))}
+    assert rows["asof"] == rows["range"] and len(rows["range"]) == 1 and rows["range"][0]["kernel_ns"] > 0
+    assert skipped_kernels(store, "t") == {(r["rank"], r["family"]): (r["ops"], r["kernel_ns"]) for r in rows["range"]}
+
+
+@pytest.mark.parametrize(("spans", "overlap"), [
+    ([(0, 10), (11, 20)], False),
+    ([(0, 10), (10, 20)], True),  # closed intervals: a call at 10 lies in both
+    ([(0, 30), (5, 10)], True),
+    ([(0, 30), (40, 50), (45, 46)], True),
+    ([(0, None), (5, 10)], False),  # an op without an end holds no call
+])
+def test_skipped_ops_overlap_check(spans: list[tuple[int, int | None]], overlap: bool) -> None:
+    """Overlapping skipped ops on one thread send the count to the range join."""
+    import duckdb
+
+    from stepscope.analysis.flops import _SKIPPED_OVERLAP
+
+    values = ", ".join(f"('s', 1, 1, {a}, {'NULL' if b is None else b})" for a, b in spans)
+    skipped = f"skipped AS (SELECT * FROM (VALUES {values}, ('s', 1, 2, 5, 9)) t(source, pid, tid, ts_ns, end_ns))"
+    assert duckdb.connect().sql(_SKIPPED_OVERLAP.format(skipped=skipped)).fetchall() == [(overlap,)]
