@@ -107,7 +107,7 @@ PAGE_JS = """
   const body = document.body ? document.body.innerText : '';
   const status = document.querySelector('[data-testid="stStatusWidget"]');
   return JSON.stringify({
-    verdict: body.includes('Median step') || body.includes('No step time'),
+    verdict: body.includes('the mean step over') || body.includes('No step time'),
     charts: document.querySelectorAll('.vega-embed canvas, .vega-embed svg').length,
     running: !!status && (status.innerText || '').includes('Running'),
     skeletons: document.querySelectorAll('[data-testid="stSkeleton"]').length,
