@@ -141,15 +141,21 @@ EDGE_EVENTS = [
 ]
 
 
-def test_built_edges_equal_the_counting_in_python(make_trace: Callable[..., Path], tmp_path: Path) -> None:
-    """Nested wrappers (a wrapper that counted until a leaf ran inside an inner wrapper), leaves
-    of equal spans, zero-length ops, and each reason a formula gives, against the reference."""
-    report = ingest_paths([make_trace("rank0.json", EDGE_EVENTS)], tmp_path / "s", "r")
+def _built(make_trace: Callable[..., Path], tmp_path: Path, events: list[dict[str, Any]]) -> tuple[Any, Any, dict]:
+    """The store of a built trace, its ``flop_ops`` (checked equal to the reference) and its rows
+    by (name, start in us)."""
+    report = ingest_paths([make_trace("rank0.json", events)], tmp_path / "s", "r")
     assert report.ok, report.errors
     store = open_store(tmp_path / "s")
     ops = flop_ops(store, "r")
     assert _rows(ops) == _rows(reference_ops(store, "r"))
-    by = {(r["name"], r["ts_ns"] // 1000): r for r in ops.to_pylist()}
+    return store, ops, {(r["name"], r["ts_ns"] // 1000): r for r in ops.to_pylist()}
+
+
+def test_built_edges_equal_the_counting_in_python(make_trace: Callable[..., Path], tmp_path: Path) -> None:
+    """Nested wrappers (a wrapper that counted until a leaf ran inside an inner wrapper), leaves
+    of equal spans, zero-length ops, and each reason a formula gives, against the reference."""
+    _, ops, by = _built(make_trace, tmp_path, EDGE_EVENTS)
     assert [by[("aten::linear", 10)]["counted"], by[("aten::matmul", 11)]["counted"], by[("aten::mm", 50)]["counted"]] \
         == [False, False, True]
     assert by[("aten::linear", 210)]["reason"] == "inside aten::matmul, which counts these products"
@@ -199,12 +205,7 @@ def test_old_convolutions_sized_from_the_next_op(make_trace: Callable[..., Path]
     is the next op's input on its thread with its batch and output channels, when no larger than its
     input; an old backward convolution counts the gradient ops recorded inside it. By hand, and
     against the reference."""
-    report = ingest_paths([make_trace("rank0.json", OLD_CONV_EVENTS)], tmp_path / "s", "r")
-    assert report.ok, report.errors
-    store = open_store(tmp_path / "s")
-    ops = flop_ops(store, "r")
-    assert _rows(ops) == _rows(reference_ops(store, "r"))
-    by = {(r["name"], r["ts_ns"] // 1000): r for r in ops.to_pylist()}
+    store, _, by = _built(make_trace, tmp_path, OLD_CONV_EVENTS)
     forward = 2 * 2 * 8 * 3 * 7 * 7 * 8 * 8  # N=2, C_out=8, C_in=3, 7x7 kernel, 8x8 output
     assert by[("aten::convolution", 11)]["flops"] == forward and by[("aten::convolution", 11)]["counted"]
     assert by[("aten::conv2d", 10)]["flops"] == forward and not by[("aten::conv2d", 10)]["counted"]
