@@ -16,6 +16,12 @@ on a shared machine hits all three alike. A session is wait + warmup + active + 
 the same schedule; (b) has no on_trace_ready (the trace is simply dropped: the bare cost), (c)
 stores every trace. A step's time is measured around ``train_step`` and ``prof.step()``.
 
+The first step after the window (issue 24): within 1.1x of its neighbours (the later steps after
+the window), median wall time of (c). Printed beside it: bare torch's own ratio (b), which no
+collector can go under, the collector's part ((c)'s ratio over (b)'s), both in the training
+thread's CPU time, the thread's minor page faults (memory the profiler's stop gave back, touched
+afresh), and a probe showing that torch's stop cannot leave the thread that started the profiler.
+
 The watch (``--part watch``), issue target: outside captures, ``stepscope.profile(watch=...)``
 with the all-gather every 50 steps within 1% of the bare loop, on a 2-rank gloo DDP job of the
 same model: mean step time (w) / (a) <= 1.01, wall and CPU time printed. Each rank runs rounds
@@ -48,9 +54,11 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -93,7 +101,8 @@ def session(mode: str, schedule: Schedule, steps: int, store: Path, index: int,
 
     Returns per-step series in seconds: ``wall`` (the targets' measure), ``cpu`` (CPU time of
     the training thread: blind to waiting for the GIL, but not blurred by other processes on a
-    shared machine) and ``hook`` (wall time inside ``prof.step()`` alone).
+    shared machine) and ``hook`` (wall time inside ``prof.step()`` alone); and ``faults``, the
+    training thread's minor page faults in the step (memory touched afresh).
     """
     manager: AbstractContextManager[Any]
     if mode == "a":
@@ -104,10 +113,11 @@ def session(mode: str, schedule: Schedule, steps: int, store: Path, index: int,
         manager = stepscope.profile(store=store, run=f"bench-{index}", wait=schedule.wait,
                                     warmup=schedule.warmup, active=schedule.active, repeat=1,
                                     record_shapes=True, profile_memory=True, strict=True)
-    series: dict[str, list[float]] = {"wall": [], "cpu": [], "hook": []}
+    series: dict[str, list[float]] = {"wall": [], "cpu": [], "hook": [], "faults": []}
     with manager as prof:
         for _ in range(steps):
             batch = synthetic_batch(cfg, data)
+            faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
             start, cpu_start = time.perf_counter(), time.thread_time()
             train_step(model, optimizer, batch)
             hook = time.perf_counter()
@@ -116,6 +126,7 @@ def session(mode: str, schedule: Schedule, steps: int, store: Path, index: int,
             series["wall"].append(end - start)
             series["cpu"].append(cpu_end - cpu_start)
             series["hook"].append(end - hook)
+            series["faults"].append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults)
     return series
 
 
@@ -202,16 +213,55 @@ def profiler_benchmark(args: argparse.Namespace) -> None:
                                  None, stat))
         print()
     print("the first step after the window against its neighbours (the later steps after it), "
-          "median wall time")
+          "median wall time, then the training thread's CPU time")
     for mode in "cb":
         print(ratio_line(f"({mode}) first step after / the steps after it", pick(mode, after[:1]),
                          pick(mode, after[1:]), FIRST_AFTER_TARGET if mode == "c" else None))
+    for mode in "cb":
+        print(ratio_line(f"({mode}) the same in CPU time", pick(mode, after[:1], "cpu"),
+                         pick(mode, after[1:], "cpu"), None))
+    collector = [statistics.median(pick("c", after[:1], m)) / statistics.median(pick("c", after[1:], m))
+                 / (statistics.median(pick("b", after[:1], m)) / statistics.median(pick("b", after[1:], m)))
+                 for m in ("wall", "cpu")]
+    label = "the collector's own part: (c) ratio / (b) ratio"
+    print(f"{label:<50} {collector[0]:7.4f} wall, {collector[1]:.4f} CPU")
+    for mode in "cb":
+        print(f"({mode}) minor page faults of the training thread, median: first step after "
+              f"{statistics.median(pick(mode, after[:1], 'faults')):.0f}, the steps after it "
+              f"{statistics.median(pick(mode, after[1:], 'faults')):.0f}, before the window "
+              f"{statistics.median(pick(mode, before, 'faults')):.0f}")
+    print()
+    stop_from_another_thread(statistics.median(pick("b", window[-1:], "hook")),
+                             statistics.median(pick("b", window[-1:], "cpu")) - statistics.median(pick("b", after[1:], "cpu")))
     print()
     hooks_c = statistics.median(pick("c", outside, "hook"))
     hooks_b = statistics.median(pick("b", outside, "hook"))
     print(f"prof.step() itself outside the window, median: stepscope {hooks_c * 1e6:.1f} us, "
           f"torch.profiler {hooks_b * 1e6:.1f} us; stepscope's is "
           f"{hooks_c / statistics.median(pick('a', outside)):.4%} of a step of (a)")
+
+
+def stop_from_another_thread(stop_s: float, stop_cpu_s: float) -> None:
+    """Why torch's own stop (and the Kineto collection inside it) stays on the training thread:
+    the profiler's state belongs to the thread that started it. Started here, stopped from
+    another thread, it finds no session there, returns no events, and stays on here. ``stop_s``:
+    the measured wall time of (b)'s ``prof.step()`` that ends the window (torch's stop);
+    ``stop_cpu_s``: that step's CPU time beyond a step after the window's."""
+    x = torch.randn(64, 64)
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    prof.start()
+    for _ in range(20):
+        x @ x
+    stopper = threading.Thread(target=prof.stop)
+    stopper.start()
+    stopper.join()
+    events = len(prof.profiler.kineto_results.events()) if prof.profiler.kineto_results else 0
+    still_on = torch._C._autograd._profiler_enabled()
+    print(f"torch.profiler stopped from another thread: {events} events returned; the training thread's "
+          f"profiler still on: {still_on}: torch's stop at the window's last step ({stop_s * 1e3:.0f} ms wall, "
+          f"{stop_cpu_s * 1e3:.0f} ms CPU beyond a step in (b)) cannot leave the thread that started the profiler")
+    if still_on:  # leave no profiler running: stop it where it was started
+        torch._C._autograd._disable_profiler()
 
 
 # ---- the watch on a 2-rank gloo job ---------------------------------------------------------

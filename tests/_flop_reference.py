@@ -28,9 +28,12 @@ class Missing(ValueError):
 
 
 class Args:
-    def __init__(self, doc: dict[str, Any]) -> None:
-        self.dims = doc.get("Input Dims") or []
+    def __init__(self, doc: dict[str, Any], next_in: list[int] | None = None, grad_ops: int = 0) -> None:
+        dims = doc.get("Input Dims")
+        self.dims = (dims if dims is not None else doc.get("Input dims")) or []  # lower case before 2021's Kineto 0.2
         self.concrete = doc.get("Concrete Inputs") or []
+        self.next_in = next_in  # the next op's first input (a convolution without stride and padding)
+        self.grad_ops = grad_ops  # gradient ops recorded inside an old backward convolution
 
     def tensor(self, i: int, ndim: int | None = None) -> list[int]:
         if i >= len(self.dims):
@@ -106,8 +109,23 @@ def direct(args: Args, x: list[int], w: list[int], pad: list[int]) -> int:
     return 2 * x[0] * math.prod(w) * math.prod(out)
 
 
+def from_next(args: Args, x: list[int], w: list[int]) -> int | None:
+    """A convolution without stride and padding: its output is the next op's input, when that is
+    no larger than the input in every spatial dimension (a direct convolution's)."""
+    if args.text(3) is not None or args.text(4) is not None or args.next_in is None:
+        return None
+    out = args.next_in[2:]
+    if not all(1 <= o <= i for o, i in zip(out, x[2:])):
+        raise Missing(f"the next op's input {args.next_in} is larger than the input {x}: not taken as the output, "
+                      "and no stride or padding recorded")
+    return 2 * x[0] * math.prod(w) * math.prod(out)
+
+
 def convolution(args: Args) -> int:
     x, w = batched(args)
+    counted = from_next(args, x, w)
+    if counted is not None:
+        return counted
     transposed = args.flag(6)
     if transposed is None:
         raise Missing("transposed not recorded (Concrete Inputs)")
@@ -118,6 +136,9 @@ def convolution(args: Args) -> int:
 
 def conv_wrapper(args: Args) -> int:
     x, w = batched(args)
+    counted = from_next(args, x, w)
+    if counted is not None:
+        return counted
     padding = (args.text(4) or "").strip("'\"")
     if padding == "same":
         return 2 * x[0] * math.prod(w) * math.prod(x[2:])
@@ -134,9 +155,21 @@ def conv_backward(args: Args) -> int:
     if len(x) < 3 or len(w) != len(x) or len(grad) != len(x):
         raise Missing(f"grad {grad}, input {x} and weight {w} are not a batched convolution")
     spatial = x[2:] if args.flag(7) else grad[2:]
+    return 2 * x[0] * math.prod(w) * math.prod(spatial) * gradients(args)
+
+
+def gradients(args: Args) -> int:
     mask = args.text(10)
-    wanted = 2 if mask is None else sum(p.strip() == "True" for p in mask.strip("[]").split(",")[:2])
-    return 2 * x[0] * math.prod(w) * math.prod(spatial) * wanted
+    if mask is not None:
+        return sum(p.strip() == "True" for p in mask.strip("[]").split(",")[:2])
+    return args.grad_ops or 2
+
+
+def cudnn_conv_backward(args: Args) -> int:  # torch < 1.11: (input, grad_output, weight, ..., output_mask)
+    x, grad, w = args.tensor(0), args.tensor(1), args.tensor(2)
+    if len(x) < 3 or len(w) != len(x) or len(grad) != len(x):
+        raise Missing(f"input {x}, grad {grad} and weight {w} are not a batched convolution")
+    return 2 * x[0] * math.prod(w) * math.prod(grad[2:]) * gradients(args)
 
 
 def attention(q: int, bhle: bool, causal: int | None = None, mask: int | None = None, backward: bool = False):
@@ -160,7 +193,7 @@ FORMULAS = {
     **{n: (lambda args: product(args.tensor(1), args.tensor(2)))
        for n in ("aten::addmm", "aten::_addmm_activation", "aten::baddbmm", "aten::addbmm")},
     "aten::linear": linear, "aten::matmul": broadcast, "aten::convolution": convolution,
-    "aten::convolution_backward": conv_backward,
+    "aten::convolution_backward": conv_backward, "aten::cudnn_convolution_backward": cudnn_conv_backward,
     **{f"aten::conv{n}d": conv_wrapper for n in (1, 2, 3)},
     **{f"aten::conv_transpose{n}d": conv_transpose for n in (1, 2, 3)},
     "aten::scaled_dot_product_attention": attention(0, True, causal=5),
@@ -181,17 +214,21 @@ FORMULAS = {
 assert set(FORMULAS) == set(FLOP_OPS), "the reference names every op of the registry"
 
 
-def figure(name: str, args_text: str | None) -> tuple[int | None, str | None, str | None, str | None]:
-    """(flops, flops_source, reason, dtype) of one op from its ``args`` JSON."""
+def decode(args_text: str | None) -> dict[str, Any]:
     try:
         doc = json.loads(args_text) if args_text else {}
     except ValueError:
         doc = {}
-    doc = doc if isinstance(doc, dict) else {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def figure(name: str, doc: dict[str, Any], next_in: list[int] | None = None,
+           grad_ops: int = 0) -> tuple[int | None, str | None, str | None, str | None]:
+    """(flops, flops_source, reason, dtype) of one op from its decoded ``args``."""
     types = doc.get("Input type") or []
     dtype = next((DTYPES[t] for t in types if isinstance(t, str) and t in DTYPES), None)
     try:
-        return FORMULAS[name](Args(doc)), "shapes", None, dtype
+        return FORMULAS[name](Args(doc, next_in, grad_ops)), "shapes", None, dtype
     except Missing as exc:
         reason = str(exc)
     kineto = doc.get("flops")
@@ -203,22 +240,24 @@ def figure(name: str, args_text: str | None) -> tuple[int | None, str | None, st
 def reference_ops(store: Any, run: str) -> list[dict[str, Any]]:
     """Every op of a FLOP family of ``run`` with its FLOPs, counted once, and its kernels."""
     rows = store.sql("""
-        SELECT rank, step, source::VARCHAR AS source, pid, tid, name, ts_ns, dur_ns, args FROM events
+        SELECT rank, step, source::VARCHAR AS source, pid, tid, thread_label, name, ts_ns, dur_ns, args FROM events
         WHERE run = $run AND kind = 'cpu_op' AND dur_ns IS NOT NULL AND ts_ns IS NOT NULL AND list_contains($names, name)
     """, {"run": run, "names": list(FLOP_OPS)}).to_pylist()
     none_first = lambda v: (v is not None, v or 0)  # noqa: E731
-    rows.sort(key=lambda r: (r["rank"], r["source"], none_first(r["pid"]), none_first(r["tid"]), r["ts_ns"],
-                             -r["dur_ns"], FLOP_OPS[r["name"]].leaf, r["name"]))
+    rows.sort(key=lambda r: (r["rank"], r["source"], none_first(r["pid"]), none_first(r["tid"]),
+                             none_first(r["thread_label"]), r["ts_ns"], -r["dur_ns"], FLOP_OPS[r["name"]].leaf, r["name"]))
+    docs = [decode(row.pop("args")) for row in rows]
+    context = _context(store, run, rows, docs)
     thread, open_ops = None, []
     for i, row in enumerate(rows):
-        key = (row["rank"], row["source"], row["pid"], row["tid"])
+        key = _thread(row)
         if key != thread:
             thread, open_ops = key, []
         start, end = row["ts_ns"], row["ts_ns"] + row["dur_ns"]
         while open_ops and open_ops[-1][0] <= start:
             open_ops.pop()
         enclosing = [j for e, j in open_ops if end <= e]
-        row["flops"], row["flops_source"], row["reason"], row["dtype"] = figure(row["name"], row.pop("args"))
+        row["flops"], row["flops_source"], row["reason"], row["dtype"] = figure(row["name"], docs[i], *context.get(i, ()))
         row["family"], row["leaf"] = FLOP_OPS[row["name"]].family, FLOP_OPS[row["name"]].leaf
         row["counted"] = row["flops"] is not None
         if row["counted"]:
@@ -230,14 +269,64 @@ def reference_ops(store: Any, run: str) -> list[dict[str, Any]]:
                     rows[j]["counted"], rows[j]["reason"] = False, f"a wrapper: {row['name']} inside it counts"
             open_ops.append((end, i))
     _kernels(store, run, rows)
+    for row in rows:
+        del row["thread_label"]
     return rows
+
+
+def _thread(row: dict[str, Any]) -> tuple[Any, ...]:
+    return row["rank"], row["source"], row["pid"], row["tid"], row["thread_label"]
+
+
+def _context(store: Any, run: str, rows: list[dict[str, Any]], docs: list[dict[str, Any]]) -> dict[int, tuple[Any, int]]:
+    """Per op index: (the next op's first input, the gradient ops inside it), for the convolutions
+    without stride and padding and the old backward convolutions; every CPU op of their threads
+    is read and walked in Python."""
+    wanted = {}
+    for i, row in enumerate(rows):
+        args = Args(docs[i])
+        if row["name"] in ("aten::convolution", "aten::conv1d", "aten::conv2d", "aten::conv3d") \
+                and args.text(3) is None and args.text(4) is None:
+            wanted[i] = "next"
+        elif row["name"] == "aten::cudnn_convolution_backward":
+            wanted[i] = "grads"
+    if not wanted:
+        return {}
+    threads = {_thread(rows[i]) for i in wanted}
+    ops: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for op in store.sql("SELECT rank, source::VARCHAR AS source, pid, tid, thread_label, name, ts_ns, args FROM events "
+                        "WHERE run = $run AND kind = 'cpu_op' AND ts_ns IS NOT NULL", {"run": run}).to_pylist():
+        if _thread(op) in threads:
+            op["first"] = (Args(decode(op.pop("args"))).dims or [None])[0]
+            ops.setdefault(_thread(op), []).append(op)
+    out: dict[int, tuple[Any, int]] = {}
+    for i, what in wanted.items():
+        row, thread_ops = rows[i], ops[_thread(rows[i])]
+        start, end = row["ts_ns"], row["ts_ns"] + row["dur_ns"]
+        if what == "grads":
+            inside = {op["name"] for op in thread_ops if start <= op["ts_ns"] <= end
+                      and op["name"] in (row["name"] + "_input", row["name"] + "_weight")}
+            out[i] = (None, len(inside))
+            continue
+        x, w = Args(docs[i]).dims[:2] if len(Args(docs[i]).dims) >= 2 else ([], [])
+        if not (isinstance(x, list) and isinstance(w, list) and len(x) >= 3 and len(w) == len(x)):
+            continue
+        following = []
+        for op in thread_ops:
+            first = op["first"]
+            if op["ts_ns"] >= end and isinstance(first, list) and len(first) == len(x) \
+                    and all(isinstance(d, int) for d in first) and first[:2] == [x[0], w[0]]:
+                following.append((op["ts_ns"], first))
+        if following:
+            out[i] = (min(following, key=lambda f: f[0])[1], 0)
+    return out
 
 
 def _kernels(store: Any, run: str, rows: list[dict[str, Any]]) -> None:
     """``gpu_ns``, ``kernels``, ``tf32``: each compute kernel goes to the counted op on its launch's
     thread that started last at or before the launch, when the launch is inside it."""
     launches = store.sql("""
-        SELECT k.rank, l.source::VARCHAR AS source, l.pid, l.tid, l.ts_ns, k.dur_ns, k.name
+        SELECT k.rank, l.source::VARCHAR AS source, l.pid, l.tid, l.thread_label, l.ts_ns, k.dur_ns, k.name
         FROM events k JOIN events l ON l.run = k.run AND l.rank = k.rank AND l.source = k.source
          AND l.correlation = k.correlation AND l.kind IN ('cuda_runtime', 'cuda_driver')
         WHERE k.run = $run AND k.kind = 'kernel' AND k.category = 'compute' AND k.dur_ns IS NOT NULL
@@ -248,13 +337,13 @@ def _kernels(store: Any, run: str, rows: list[dict[str, Any]]) -> None:
         row["tf32"] = False
         row["gpu_ns"] = row["kernels"] = 0 if row["counted"] and row["rank"] in gpu_ranks else None
         if row["counted"]:
-            counted.setdefault((row["rank"], row["source"], row["pid"], row["tid"]), []).append(row)
+            counted.setdefault(_thread(row), []).append(row)
     starts = {}
     for key, ops in counted.items():
         ops.sort(key=lambda r: r["ts_ns"])
         starts[key] = [r["ts_ns"] for r in ops]
     for launch in launches:
-        key = (launch["rank"], launch["source"], launch["pid"], launch["tid"])
+        key = _thread(launch)
         ops = counted.get(key, [])
         i = bisect.bisect_right(starts.get(key, []), launch["ts_ns"]) - 1
         if i >= 0 and launch["ts_ns"] <= ops[i]["ts_ns"] + ops[i]["dur_ns"]:

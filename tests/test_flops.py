@@ -440,31 +440,76 @@ def test_no_low_mfu_finding_when_not_compute_bound(ingested: Callable[[str], Pat
     assert not [f for f in cpu["findings"] if f["rule"] == "mfu.low"]
 
 
+def resnet50_conv_macs(size: int = 224) -> int:
+    """Multiply-adds of ResNet-50's convolutions for one image, from the architecture (torchvision's:
+    stride in the 3x3 convolution of a bottleneck), by hand."""
+    side = size // 2
+    macs, side, channels = 64 * 3 * 7 * 7 * side * side, side // 2, 64  # the stem, then max pooling
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for block in range(blocks):
+            out = side // (stride if block == 0 else 1)
+            macs += width * channels * side * side + width * width * 9 * out * out + 4 * width * width * out * out
+            if block == 0:
+                macs += 4 * width * channels * out * out  # the downsampling projection
+            channels, side = 4 * width, out
+    return macs
+
+
 @pytest.mark.shared
-def test_the_count_says_what_it_skipped_and_mfu_needs_the_products_sized(ingested, shared_traces: Path) -> None:
-    """resnet50 (2021): shapes as 'Input dims' without stride or padding, so every convolution
-    and matrix product is skipped. The kernels they launched, counted from the raw JSON (a
-    Runtime call on the op's thread while it ran, its correlation's kernels, each once), are what
-    the family rows report; with nothing sized, no MFU can be stated."""
-    from stepscope.analysis.flops import Coverage, flops_by_family, skipped_kernels
+def test_2021_resnet50_convolutions_sized_from_the_next_op(ingested, shared_traces: Path) -> None:
+    """resnet50 (2021): shapes as 'Input dims' (lower case), no stride or padding, no output dims.
+    Each forward convolution's output is the input of the next op on its thread with the batch and
+    output channels (the batch norm): per step exactly ResNet-50's convolutions by hand (4.09 GMACs
+    an image, batch 32). The old backward (aten::cudnn_convolution_backward, no output mask)
+    counts the gradients its cuDNN _input/_weight ops compute: twice the forward, less the input
+    gradient of the stem, which nothing needs. The kernels of the counted ops, from the raw JSON (a
+    Runtime call on the op's thread while it ran, its correlation's kernels), are the family's time;
+    nothing is skipped."""
+    from stepscope.analysis.flops import coverage, skipped_kernels
 
     relative = "kineto_tb_plugin/old_2021-02/resnet50_profiler_api_num_workers_0.worker0.pt.trace.json.gz"
     raw = load_raw(shared_traces / relative)["traceEvents"]
-    ops = {"conv": ("aten::convolution",), "matmul": ("aten::mm", "aten::addmm")}
+    ops = sorted((e for e in raw if e.get("cat") == "Operator" and e.get("ph") == "X"), key=lambda e: e["ts"])
+    forward, steps = [], {e["name"] for e in raw if str(e.get("name", "")).startswith("ProfilerStep#")}
+    for i, op in enumerate(ops):
+        if op["name"] != "aten::convolution":
+            continue
+        x, w = op["args"]["Input dims"][:2]
+        after = next(e for e in ops[i + 1:] if e["tid"] == op["tid"] and e["ts"] >= op["ts"] + op["dur"]
+                     and (e["args"]["Input dims"] or [[]])[0][:2] == [x[0], w[0]])
+        out = after["args"]["Input dims"][0]
+        assert after["name"] == "aten::batch_norm" and len(out) == 4
+        forward.append(2 * x[0] * math.prod(w) * out[2] * out[3])
+    assert len(steps) == 6 and sum(forward) == 6 * 32 * 2 * resnet50_conv_macs()
+    stem = 2 * 32 * 64 * 3 * 7 * 7 * 112 * 112
+
+    store = open_store(ingested(relative))
+    counted = [r for r in flop_ops(store, "t").to_pylist() if r["counted"]]
+    assert sorted(r["flops"] for r in counted if r["name"] == "aten::convolution") == sorted(forward)
+    backward = sum(r["flops"] for r in counted if r["name"] == "aten::cudnn_convolution_backward")
+    assert backward == 2 * sum(forward) - 6 * stem
+    assert {r["name"] for r in counted} == {"aten::convolution", "aten::cudnn_convolution_backward", "aten::addmm",
+                                            "aten::mm"}
+    assert sum(r["flops"] for r in counted if r["family"] == "matmul") == 6 * 3 * 2 * 32 * 2048 * 1000  # fc, 2 grads
+
     kernels = {e["args"]["correlation"]: e["dur"] for e in raw if e.get("cat") == "Kernel"}
     runtime = [e for e in raw if e.get("cat") == "Runtime"]
-    expected = {}
-    for family, names in ops.items():
-        spans = [(e["tid"], e["ts"], e["ts"] + e["dur"]) for e in raw if e.get("name") in names and e.get("ph") == "X"]
-        hit = {r["args"]["correlation"] for r in runtime for tid, a, b in spans if r["tid"] == tid and a <= r["ts"] <= b}
-        expected[family] = sum(kernels[c] for c in hit if c in kernels) * 1000
-    store = open_store(ingested(relative))
-    skipped = skipped_kernels(store, "t")
-    assert {f: ns for (_, f), (_, ns) in skipped.items()} == expected
-    assert expected["conv"] > 100_000_000  # 136 ms of cuDNN kernels behind the skipped convolutions
+    names = ("aten::convolution", "aten::cudnn_convolution_backward")
+    spans = [(e["tid"], e["ts"], e["ts"] + e["dur"]) for e in raw if e.get("name") in names and e.get("ph") == "X"]
+    hit = {r["args"]["correlation"] for r in runtime for tid, a, b in spans if r["tid"] == tid and a <= r["ts"] <= b}
+    conv_ns = sum(kernels[c] for c in hit if c in kernels) * 1000
+    assert conv_ns > 400_000_000  # 421 ms of cuDNN kernels over 6 steps
     rows = {r["family"]: r for r in flops_by_family(store, "t").to_pylist()}
-    assert rows["conv"]["uncounted_kernel_ns"] == expected["conv"] and rows["conv"]["ops"] == 0
-    reason = Coverage(0, expected["conv"], 318).absence()
+    assert rows["conv"]["ops"] == 636 and rows["conv"]["uncounted_kernel_ns"] == 0
+    assert sum(r["gpu_ns"] for r in counted if r["family"] == "conv") == conv_ns
+    assert skipped_kernels(store, "t") == {}
+    assert coverage(flop_ops(store, "t"), {})[0].share == 1.0
+
+
+def test_sized_coverage_needed_for_mfu() -> None:
+    from stepscope.analysis.flops import Coverage
+
+    reason = Coverage(0, 136_000_000, 318).absence()
     assert reason and "318 product ops" in reason and "MFU needs 90%" in reason
     assert Coverage(95, 5, 1).absence() is None and Coverage(89, 11, 1).absence() is not None
 

@@ -64,7 +64,7 @@ def _rows(ops: Any) -> list[tuple[Any, ...]]:
 def _old_ranks(store: Any) -> tuple[set[int], dict[int, bool]]:
     """The ranks with shapes and the GPU ranks as the analysis found them in the events before."""
     shaped = store.sql("""SELECT DISTINCT rank FROM events WHERE run = 't' AND kind = 'cpu_op'
-                          AND args LIKE '%"Input Dims"%'""").to_pylist()
+                          AND (args LIKE '%"Input Dims"%' OR args LIKE '%"Input dims"%')""").to_pylist()
     gpu = store.sql("""SELECT s.rank, EXISTS (SELECT 1 FROM events e WHERE e.run = 't' AND e.rank = s.rank
                        AND e.kind = 'kernel') AS gpu FROM sources s WHERE s.run = 't' GROUP BY s.rank""").to_pylist()
     return {r["rank"] for r in shaped}, {r["rank"]: r["gpu"] for r in gpu}
@@ -141,15 +141,21 @@ EDGE_EVENTS = [
 ]
 
 
-def test_built_edges_equal_the_counting_in_python(make_trace: Callable[..., Path], tmp_path: Path) -> None:
-    """Nested wrappers (a wrapper that counted until a leaf ran inside an inner wrapper), leaves
-    of equal spans, zero-length ops, and each reason a formula gives, against the reference."""
-    report = ingest_paths([make_trace("rank0.json", EDGE_EVENTS)], tmp_path / "s", "r")
+def _built(make_trace: Callable[..., Path], tmp_path: Path, events: list[dict[str, Any]]) -> tuple[Any, Any, dict]:
+    """The store of a built trace, its ``flop_ops`` (checked equal to the reference) and its rows
+    by (name, start in us)."""
+    report = ingest_paths([make_trace("rank0.json", events)], tmp_path / "s", "r")
     assert report.ok, report.errors
     store = open_store(tmp_path / "s")
     ops = flop_ops(store, "r")
     assert _rows(ops) == _rows(reference_ops(store, "r"))
-    by = {(r["name"], r["ts_ns"] // 1000): r for r in ops.to_pylist()}
+    return store, ops, {(r["name"], r["ts_ns"] // 1000): r for r in ops.to_pylist()}
+
+
+def test_built_edges_equal_the_counting_in_python(make_trace: Callable[..., Path], tmp_path: Path) -> None:
+    """Nested wrappers (a wrapper that counted until a leaf ran inside an inner wrapper), leaves
+    of equal spans, zero-length ops, and each reason a formula gives, against the reference."""
+    _, ops, by = _built(make_trace, tmp_path, EDGE_EVENTS)
     assert [by[("aten::linear", 10)]["counted"], by[("aten::matmul", 11)]["counted"], by[("aten::mm", 50)]["counted"]] \
         == [False, False, True]
     assert by[("aten::linear", 210)]["reason"] == "inside aten::matmul, which counts these products"
@@ -161,6 +167,55 @@ def test_built_edges_equal_the_counting_in_python(make_trace: Callable[..., Path
     assert by[("aten::mm", 840)]["reason"] == "argument 0 not recorded"
     reasons = [r["reason"] for r in ops.to_pylist() if r["flops"] is None]
     assert len(set(reasons)) >= 10  # the refusals above are all different
+
+
+def _old(name: str, ts: float, dur: float, dims: list, tid: str = "7") -> dict[str, Any]:
+    """A CPU op as 2021's Kineto wrote it: ``Input dims``, no ``Concrete Inputs``, a string tid."""
+    return {"ph": "X", "cat": "Operator", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+            "args": {"Input dims": dims, "Input type": [], "Output dims": []}}
+
+
+OLD_CONV_EVENTS = [
+    {"ph": "X", "cat": "Operator", "name": "ProfilerStep#1", "pid": 1, "tid": "7", "ts": 0, "dur": 2000},
+    # conv2d -> convolution, then a scalar add, then the batch norm: stride 2, padding 3 by the next op
+    _old("aten::conv2d", 10, 50, [[2, 3, 16, 16], [8, 3, 7, 7], [], [], [], [], []]),
+    _old("aten::convolution", 11, 40, [[2, 3, 16, 16], [8, 3, 7, 7], [], [], [], [], [], [], []]),
+    _old("aten::add", 70, 2, [[], [], []]),
+    _old("aten::batch_norm", 80, 20, [[2, 8, 8, 8], [8], [8], [8], [8], [], [], [], []]),
+    # on another thread: an op of the right batch and channels that is not the next op of this one
+    _old("aten::relu", 120, 5, [[2, 4, 3, 3]], tid="8"),
+    # the next op's input is larger than the input: not taken
+    _old("aten::convolution", 110, 5, [[2, 3, 4, 4], [4, 3, 1, 1], [], [], [], [], [], [], []]),
+    _old("aten::relu", 130, 5, [[2, 4, 6, 6]]),
+    # nothing after it of its batch and channels
+    _old("aten::convolution", 200, 5, [[2, 3, 4, 4], [5, 3, 1, 1], [], [], [], [], [], [], []]),
+    # old backward convolutions: both gradient ops inside, only the weight's, none (both counted)
+    _old("aten::cudnn_convolution_backward", 300, 20, [[2, 3, 16, 16], [2, 8, 8, 8], [8, 3, 7, 7]] + [[]] * 8),
+    _old("aten::cudnn_convolution_backward_input", 301, 5, [[], [2, 8, 8, 8], [8, 3, 7, 7]]),
+    _old("aten::cudnn_convolution_backward_weight", 310, 5, [[], [2, 8, 8, 8], [2, 3, 16, 16]]),
+    _old("aten::cudnn_convolution_backward", 400, 20, [[2, 3, 16, 16], [2, 8, 8, 8], [8, 3, 7, 7]] + [[]] * 8),
+    _old("aten::cudnn_convolution_backward_weight", 410, 5, [[], [2, 8, 8, 8], [2, 3, 16, 16]]),
+    _old("aten::cudnn_convolution_backward", 500, 20, [[2, 3, 16, 16], [2, 8, 8, 8], [8, 3, 7, 7]] + [[]] * 8),
+    _old("aten::cudnn_convolution_backward_weight", 530, 5, [[], [2, 8, 8, 8], [2, 3, 16, 16]]),  # after it
+]
+
+
+def test_old_convolutions_sized_from_the_next_op(make_trace: Callable[..., Path], tmp_path: Path) -> None:
+    """2021 Kineto: ``Input dims``, no stride or padding, string thread ids. A convolution's output
+    is the next op's input on its thread with its batch and output channels, when no larger than its
+    input; an old backward convolution counts the gradient ops recorded inside it. By hand, and
+    against the reference."""
+    store, _, by = _built(make_trace, tmp_path, OLD_CONV_EVENTS)
+    forward = 2 * 2 * 8 * 3 * 7 * 7 * 8 * 8  # N=2, C_out=8, C_in=3, 7x7 kernel, 8x8 output
+    assert by[("aten::convolution", 11)]["flops"] == forward and by[("aten::convolution", 11)]["counted"]
+    assert by[("aten::conv2d", 10)]["flops"] == forward and not by[("aten::conv2d", 10)]["counted"]
+    assert by[("aten::convolution", 110)]["reason"] == ("the next op's input [2, 4, 6, 6] is larger than the input "
+                                                        "[2, 3, 4, 4]: not taken as the output, and no stride or "
+                                                        "padding recorded")
+    assert by[("aten::convolution", 200)]["reason"] == "transposed not recorded (Concrete Inputs)"
+    assert [by[("aten::cudnn_convolution_backward", t)]["flops"] for t in (300, 400, 500)] \
+        == [2 * forward, forward, 2 * forward]
+    assert _shapes_recorded(store, "r", None) == {0}
 
 
 def test_a_rank_of_two_traces(make_trace: Callable[..., Path], tmp_path: Path) -> None:

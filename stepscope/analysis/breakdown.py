@@ -378,7 +378,9 @@ def rank_totals(
 ) -> pa.Table:
     """Whole-trace GPU totals per rank with HTA's temporal-breakdown definitions.
 
-    ``gpu_span_ns`` = end of the last GPU event - start of the first; ``gpu_busy_ns`` =
+    ``gpu_span_ns`` = end of the last GPU event - start of the first, taken within each of the
+    rank's traces and summed (each trace is a profiled window of its own: the gap between two
+    windows, minutes where the profiler was off, is not GPU time); ``gpu_busy_ns`` =
     |U(all GPU events)|; ``gpu_idle_ns`` = span - busy; ``compute_ns`` = |U(compute)|;
     ``non_compute_ns`` = span - compute - idle; ``comm_ns`` = |U(communication)|;
     ``comm_comp_overlap_ns`` = |U(compute) ∩ U(communication)|; ``comm_comp_overlap_pct`` =
@@ -393,8 +395,8 @@ def rank_totals(
     """
     rf, extra = rank_filter(ranks)
     query = f"""
-    WITH win AS (
-        SELECT rank, min(gpu_start_ns) AS w0, max(gpu_end_ns) AS w1
+    WITH win AS (  -- each trace's span, summed: never across the gap between two windows
+        SELECT rank, sum(gpu_end_ns - gpu_start_ns)::BIGINT AS span_ns
         FROM rank_gpu_totals WHERE run = $run AND scope = $scope AND {rf} GROUP BY rank
     ),
     _tot AS (
@@ -405,9 +407,9 @@ def rank_totals(
     ),
     _ranks AS (SELECT DISTINCT rank FROM sources WHERE run = $run AND {rf})
     SELECT $run AS run, r.rank,
-        w.w1 - w.w0 AS gpu_span_ns,
+        w.span_ns AS gpu_span_ns,
         t.gpu_busy_ns,
-        w.w1 - w.w0 - t.gpu_busy_ns AS gpu_idle_ns,
+        w.span_ns - t.gpu_busy_ns AS gpu_idle_ns,
         t.compute_ns,
         t.gpu_busy_ns - t.compute_ns AS non_compute_ns,
         t.comm_ns,

@@ -5,7 +5,8 @@ recorded arguments, so the ingest computes every op's FLOPs in DuckDB with no Py
 op; the analyses (:mod:`stepscope.analysis.flops`) read the tables. Definitions
 (docs/ANALYSIS.md, "FLOPs and MFU"):
 
-``record_shapes=True`` gives every CPU op its inputs' ``Input Dims`` (a list per argument: a
+``record_shapes=True`` gives every CPU op its inputs' ``Input Dims`` (``Input dims`` before 2021's
+Kineto; a list per argument: a
 tensor's sizes, ``[]`` for a scalar or None), ``Input type`` and, in newer traces, ``Concrete
 Inputs`` (scalar and list arguments as text: stride, padding, ``is_causal``). A multiply-add
 is 2 FLOPs.
@@ -17,9 +18,13 @@ is 2 FLOPs.
 - **conv** family: ``aten::convolution`` (every convolution passes through it; its backends
   below are not counted): ``2 x N x C_out x prod(out spatial) x C_in/groups x prod(kernel)``,
   the output size from stride, padding and dilation (``Concrete Inputs``); transposed: ``2 x N x
-  prod(in spatial) x C_in x C_out/groups x prod(kernel)``. ``aten::convolution_backward``: the
-  forward count once per gradient its ``output_mask`` asks for (input, weight; both when the
-  mask is not recorded).
+  prod(in spatial) x C_in x C_out/groups x prod(kernel)``. Where stride and padding were not
+  recorded (no ``Concrete Inputs``: torch < 2.1), the output is the input of the next op on the
+  thread whose first argument has the convolution's batch, output channels and dimensions (the
+  batch norm it feeds), when no larger than the input (a direct convolution's). ``aten::convolution_backward``
+  (and torch < 1.11's ``aten::cudnn_convolution_backward``): the forward count once per gradient
+  its ``output_mask`` asks for (input, weight); when the mask is not recorded, once per gradient
+  op recorded inside it (cuDNN's ``_input``, ``_weight``), else both.
 - **attention** family: the SDPA implementations (flash, efficient, cuDNN, math, CPU flash) and
   the kernels' own ops: ``2 x B x H x P x E + 2 x B x H x P x E_v`` with ``P`` the (query, key)
   pairs computed: ``L x S``, or for causal attention the pairs torch's mask keeps (top-left
@@ -196,6 +201,25 @@ _BATCHED = [*_TENSORS, ("len(sz[1]) < 3 OR len(sz[2]) <> len(sz[1])",
 """Input and weight are a batched convolution's: ``[N, C, ..]`` and a weight of as many dimensions."""
 
 
+_NEXT_MISFIT = ("c3 IS NULL AND c4 IS NULL AND out_next IS NOT NULL AND NOT next_fits",
+                f"'the next op''s input ' || {_text('next_in')} || ' is larger than the input ' || {_text('sz[1]')} "
+                "|| ': not taken as the output, and no stride or padding recorded'")
+"""A convolution without stride and padding whose next op's input (``next_in``, ``out_next`` its
+spatial sizes: ``_next``) is not a direct convolution's output."""
+
+
+def _or_next(body: str) -> str:
+    """The count from the output the next op's input gives (``next_fits``), where stride and
+    padding were not recorded; else ``body``."""
+    return f"(CASE WHEN c3 IS NULL AND c4 IS NULL AND next_fits THEN {_ok(_conv('out_next'))} ELSE {body} END)"
+
+
+_GRADS = ("(CASE WHEN c10 IS NOT NULL THEN len(list_filter(list_slice(string_split(trim(c10, '[]'), ','), 1, 2), "
+          "lambda m: trim(m) = 'True')) WHEN grad_ops > 0 THEN grad_ops ELSE 2 END)")
+"""The gradients a backward convolution computes (input, weight): per its ``output_mask`` (the
+11th argument), else per the gradient ops recorded inside it (``grad_ops``: ``_grads``), else both."""
+
+
 def _direct_conv(padded: bool) -> str:
     """A (non-transposed) convolution with stride at argument 3, dilation at 5 and the padding at 4
     (``padded``) or none: output spatial sizes ``out_padded``/``out_unpadded`` (``_padded``)."""
@@ -257,12 +281,14 @@ KINDS: Mapping[str, str] = {
                                     f"'input ' || {_text('sz[1]')} || ' and weight ' || {_text('sz[2]')} || ' do not share k'")],
                        _ok(f"2::HUGEINT * {_prod(_drop_last('sz[1]', 1))} * sz[2][2] * sz[2][1]")),
     # aten::convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
-    "convolution": _checked([*_BATCHED, (f"{_flag('c6')} IS NULL", _lit("transposed not recorded (Concrete Inputs)"))],
-                            f"(CASE WHEN {_flag('c6')} THEN {_ok(_conv(_from('sz[1]', 2)))} ELSE {_direct_conv(True)} END)"),
+    "convolution": _checked([*_BATCHED, _NEXT_MISFIT], _or_next(_checked(
+        [(f"{_flag('c6')} IS NULL", _lit("transposed not recorded (Concrete Inputs)"))],
+        f"(CASE WHEN {_flag('c6')} THEN {_ok(_conv(_from('sz[1]', 2)))} ELSE {_direct_conv(True)} END)"))),
     # aten::conv<n>d(input, weight, bias, stride, padding, dilation, groups); padding may be
     # "same" (output as large as the input, stride 1) or "valid" (none)
-    "conv_wrapper": _checked(_BATCHED, f"(CASE trim(coalesce(c4, ''), '''\"') WHEN 'same' THEN {_ok(_conv(_from('sz[1]', 2)))} "
-                                       f"WHEN 'valid' THEN {_direct_conv(False)} ELSE {_direct_conv(True)} END)"),
+    "conv_wrapper": _checked([*_BATCHED, _NEXT_MISFIT], _or_next(
+        f"(CASE trim(coalesce(c4, ''), '''\"') WHEN 'same' THEN {_ok(_conv(_from('sz[1]', 2)))} "
+        f"WHEN 'valid' THEN {_direct_conv(False)} ELSE {_direct_conv(True)} END)")),
     # aten::conv_transpose<n>d(input, weight, ...): the count needs only the input and weight
     "conv_transpose_wrapper": _checked(_BATCHED, _ok(_conv(_from("sz[1]", 2)))),
     # aten::convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
@@ -273,9 +299,15 @@ KINDS: Mapping[str, str] = {
                      f"'grad ' || {_text('sz[1]')} || ', input ' || {_text('sz[2]')} || ' and weight ' || {_text('sz[3]')} "
                      "|| ' are not a batched convolution'")],
         _ok(_conv(f"(CASE WHEN coalesce({_flag('c7')}, FALSE) THEN {_from('sz[2]', 2)} ELSE {_from('sz[1]', 2)} END)",
-                  "sz[2]", "sz[3]")
-            + " * (CASE WHEN c10 IS NULL THEN 2 ELSE len(list_filter(list_slice(string_split(trim(c10, '[]'), ','), 1, 2), "
-              "lambda m: trim(m) = 'True')) END)")),
+                  "sz[2]", "sz[3]") + f" * {_GRADS}")),
+    # aten::cudnn_convolution_backward(input, grad_output, weight, padding, stride, dilation, groups,
+    # benchmark, deterministic, allow_tf32, output_mask), torch < 1.11: the same count, the output
+    # spatial size grad_output's
+    "cudnn_convolution_backward": _checked(
+        [*_TENSORS, ("len(sz[1]) < 3 OR len(sz[3]) <> len(sz[1]) OR len(sz[2]) <> len(sz[1])",
+                     f"'input ' || {_text('sz[1]')} || ', grad ' || {_text('sz[2]')} || ' and weight ' || {_text('sz[3]')} "
+                     "|| ' are not a batched convolution'")],
+        _ok(_conv(_from("sz[2]", 2), "sz[1]", "sz[3]") + f" * {_GRADS}")),
     # 2 x B x H x P x E + 2 x B x H x P x E_v over the (query, key) pairs P (at_*: _shaped); twice that backward
     "attention": _checked(_TENSORS, _ok("(CASE WHEN backward THEN 2 ELSE 1 END) * (2::HUGEINT * at_b * at_h * at_pairs * at_e "
                                         "+ 2::HUGEINT * at_b * at_h * at_pairs * at_ev)")),
@@ -309,6 +341,7 @@ FLOP_OPS: dict[str, FlopOp] = {
     "aten::matmul": FlopOp("matmul", Formula("broadcast_matmul", (0, 1)), leaf=False),
     "aten::convolution": FlopOp("conv", Formula("convolution", _CONV)),
     "aten::convolution_backward": FlopOp("conv", Formula("convolution_backward", (0, 1, 2))),
+    "aten::cudnn_convolution_backward": FlopOp("conv", Formula("cudnn_convolution_backward", (0, 1, 2))),
     **{f"aten::conv{n}d": FlopOp("conv", Formula("conv_wrapper", _CONV), leaf=False) for n in (1, 2, 3)},
     **{f"aten::conv_transpose{n}d": FlopOp("conv", Formula("conv_transpose_wrapper", _CONV), leaf=False)
        for n in (1, 2, 3)},
@@ -399,18 +432,31 @@ _DTYPE = ("list_filter(list_transform(types, lambda t: CASE WHEN json_type(t) = 
 
 _TEXTS = "[" + ", ".join(f"c{i}" for i in range(TEXT_ARGS)) + "]"
 
+_SAME_THREAD = ("t.source = e.source AND t.pid IS NOT DISTINCT FROM e.pid AND t.tid IS NOT DISTINCT FROM e.tid "
+                "AND t.thread_label IS NOT DISTINCT FROM e.thread_label")
+"""Event ``e`` is on thread ``t``'s: a thread is its trace, pid and tid, and the label of a pid or tid
+written as a string (2021 Kineto writes ``"tid": "1890023232"``), which the store keeps apart."""
+
+_GRAD_OPS = "(" + ", ".join(_lit(f"{name}{part}") for name, op in FLOP_OPS.items()
+                            if op.formula.kind == "cudnn_convolution_backward" for part in ("_input", "_weight")) + ")"
+"""The gradient ops an old backward convolution calls (``_grads``)."""
+
 RANK_FLOP_OPS = f"""
 WITH RECURSIVE
     _cand AS MATERIALIZED (
-        SELECT row_number() OVER (ORDER BY e.source, e.pid, e.tid, e.ts_ns, e.dur_ns DESC, r.leaf, e.name) AS ord,
-               dense_rank() OVER (ORDER BY e.source, e.pid, e.tid) AS thread,
-               e.source, e.pid, e.tid, e.step, e.name, e.ts_ns, e.dur_ns, r.* EXCLUDE (name),
+        SELECT row_number() OVER (ORDER BY e.source, e.pid, e.tid, e.thread_label, e.ts_ns, e.dur_ns DESC, r.leaf, e.name)
+                 AS ord,
+               dense_rank() OVER (ORDER BY e.source, e.pid, e.tid, e.thread_label) AS thread,
+               e.source, e.pid, e.tid, e.thread_label, e.step, e.name, e.ts_ns, e.dur_ns, r.* EXCLUDE (name),
                CASE WHEN json_valid(e.args) AND json_type(e.args) = 'OBJECT' THEN e.args::JSON END AS doc
         FROM events e JOIN {_REGISTRY} ON r.name = e.name
         WHERE e.run = $run AND e.kind = 'cpu_op' AND e.dur_ns IS NOT NULL AND e.ts_ns IS NOT NULL
     ),
-    _lists AS (  -- the args parsed once: the lists of arguments (empty where not a list) and Kineto's own figure
-        SELECT * EXCLUDE (j), coalesce(j."Input Dims", []) AS dims, coalesce(j."Input type", []) AS types,
+    _lists AS (  -- the args parsed once: the lists of arguments (empty where not a list; "Input dims" before
+                 -- 2021's Kineto 0.2, which json_transform cannot ask for beside "Input Dims": DuckDB keys ignore case)
+                 -- and Kineto's own figure
+        SELECT * EXCLUDE (j), coalesce(j."Input Dims", TRY_CAST(json_extract(doc, '$."Input dims"') AS JSON[]), []) AS dims,
+               coalesce(j."Input type", []) AS types,
                coalesce(j."Concrete Inputs", []) AS concrete, j.flops AS kineto
         FROM (SELECT *, json_transform(doc, '{{"Input Dims": "JSON[]", "Input type": "JSON[]", "Concrete Inputs": "JSON[]",
                                                "flops": "JSON"}}') AS j FROM _cand)
@@ -421,8 +467,33 @@ WITH RECURSIVE
                coalesce(json_type(kineto) IN ('BIGINT', 'UBIGINT') AND TRY_CAST(kineto AS HUGEINT) > 0, FALSE) AS has_kineto
         FROM _lists
     ),
+    _need AS MATERIALIZED (  -- convolutions without stride and padding: their output may be the next op's input
+        SELECT ord, thread, source, pid, tid, thread_label, ts_ns + dur_ns AS end_ns, sz[1][1] AS n, sz[2][1] AS c, len(sz[1]) AS r
+        FROM _args WHERE kind IN ('convolution', 'conv_wrapper') AND c3 IS NULL AND c4 IS NULL
+         AND len(sz[1]) >= 3 AND len(sz[2]) = len(sz[1])
+    ),
+    _after AS (  -- the CPU ops on those threads whose first argument is a tensor of 3 dimensions or more
+        SELECT thread, ts_ns, shape, shape[1] AS n, shape[2] AS c, len(shape) AS r
+        FROM (SELECT t.thread, e.ts_ns, TRY_CAST(coalesce(json_extract(e.args, '$."Input Dims"[0]'),
+                                                          json_extract(e.args, '$."Input dims"[0]')) AS BIGINT[]) AS shape
+              FROM events e JOIN (SELECT DISTINCT thread, source, pid, tid, thread_label FROM _need) t ON {_SAME_THREAD}
+              WHERE e.run = $run AND e.kind = 'cpu_op' AND e.ts_ns IS NOT NULL AND json_valid(e.args))
+        WHERE len(shape) >= 3
+    ),
+    _next AS (  -- the next op's input of the convolution's batch, output channels and dimensions: its output
+        SELECT n.ord, a.shape AS next_in FROM _need n ASOF JOIN _after a
+          ON a.thread = n.thread AND a.n = n.n AND a.c = n.c AND a.r = n.r AND a.ts_ns >= n.end_ns
+    ),
+    _grads AS (  -- the gradient ops (cuDNN's _input, _weight) recorded inside an old backward convolution
+        SELECT c.ord, count(DISTINCT e.name) AS grad_ops
+        FROM (SELECT * FROM _cand WHERE kind = 'cudnn_convolution_backward') c
+        JOIN events e ON {_SAME_THREAD.replace("t.", "c.")}
+         AND e.ts_ns >= c.ts_ns AND e.ts_ns <= c.ts_ns + c.dur_ns AND e.name IN (c.name || '_input', c.name || '_weight')
+        WHERE e.run = $run AND e.kind = 'cpu_op' AND e.name IN {_GRAD_OPS}
+        GROUP BY c.ord
+    ),
     _shaped AS (  -- what the formulas of KINDS read besides the arguments
-        SELECT *, len(sz[1]) - 2 AS spatial, {", ".join(_int_list(i) for i in LIST_ARGS)}, {_TENSOR_REASON} AS tensor_reason,
+        SELECT *, len(sz[1]) - 2 AS spatial, list_slice(next_in, 3, len(next_in)) AS out_next, {", ".join(_int_list(i) for i in LIST_ARGS)}, {_TENSOR_REASON} AS tensor_reason,
                CASE WHEN kind <> 'broadcast_matmul' THEN sz[a + 1] WHEN len(sz[1]) > 1 THEN sz[1]
                     ELSE list_concat([1::BIGINT], sz[1]) END AS mm_a2,
                CASE WHEN kind <> 'broadcast_matmul' THEN sz[b + 1] WHEN len(sz[2]) > 1 THEN sz[2]
@@ -431,10 +502,13 @@ WITH RECURSIVE
                CASE WHEN bhle THEN sz[a + 1][3] ELSE sz[a + 1][2] END AS at_l, sz[a + 1][4] AS at_e,
                CASE WHEN bhle THEN sz[a + 2][3] ELSE sz[a + 2][2] END AS at_keys, sz[a + 3][4] AS at_ev,
                {_TEXTS}[causal + 1] AS at_causal, {_TEXTS}[mask_type + 1] AS at_mask
-        FROM _args
+        FROM _args LEFT JOIN _next USING (ord) LEFT JOIN _grads USING (ord)
     ),
     _spread AS (
         SELECT *, {", ".join(_list_reason(i) for i in LIST_ARGS)},
+               coalesce(list_bool_and(list_transform(range(1, spatial + 1),
+                                                     lambda d: out_next[d] >= 1 AND out_next[d] <= sz[1][d + 2])), FALSE)
+                 AS next_fits,
                {", ".join(f"{_broadcast(i)} AS {what}" for i, what in LIST_ARGS.items())},
                {_drop_last("mm_a2", 2)} AS mm_batch_a, {_drop_last("mm_b2", 2)} AS mm_batch_b,
                CASE WHEN {_flag("at_causal")} THEN {causal_pairs_sql("at_l", "at_keys")}
@@ -460,12 +534,12 @@ WITH RECURSIVE
               FROM _padded)
     ),
     _figured AS (
-        SELECT ord, thread, source, pid, tid, step, name, ts_ns, dur_ns, leaf, family, dtype, has_kineto, kineto,
+        SELECT ord, thread, source, pid, tid, thread_label, step, name, ts_ns, dur_ns, leaf, family, dtype, has_kineto, kineto,
                {_figure()} AS fig
         FROM _broadcast
     ),
     _ops AS MATERIALIZED (
-        SELECT ord, thread, source, pid, tid, step, name, ts_ns, dur_ns, leaf, dtype, family,
+        SELECT ord, thread, source, pid, tid, thread_label, step, name, ts_ns, dur_ns, leaf, dtype, family,
                TRY_CAST(CASE WHEN fig.flops IS NOT NULL THEN fig.flops WHEN has_kineto THEN TRY_CAST(kineto AS HUGEINT) END AS BIGINT) AS flops,
                CASE WHEN fig.flops IS NOT NULL THEN 'shapes' WHEN has_kineto THEN 'kineto' END AS flops_source,
                CASE WHEN fig.flops IS NULL AND NOT has_kineto THEN fig.reason END AS figure_reason
@@ -536,11 +610,11 @@ WITH RECURSIVE
         FROM _placed l LEFT JOIN _chain c ON c.ord = l.ord LEFT JOIN _wrappers w ON w.ord = l.ord
     ),
     _counted AS MATERIALIZED (SELECT o.ord, o.thread, o.ts_ns, o.end_ns FROM _with o JOIN _verdict v ON v.ord = o.ord WHERE v.counted),
-    _threads AS (SELECT DISTINCT thread, source, pid, tid FROM _with),
+    _threads AS (SELECT DISTINCT thread, source, pid, tid, thread_label FROM _with),
     _in_op AS (  -- runtime and driver calls on a counted op's thread while it ran
         SELECT c.ord, l.source, l.correlation
         FROM (SELECT t.thread, e.source, e.ts_ns, e.correlation FROM events e
-              JOIN _threads t ON t.source = e.source AND t.pid = e.pid AND t.tid = e.tid
+              JOIN _threads t ON {_SAME_THREAD}
               WHERE e.run = $run AND e.kind IN ('cuda_runtime', 'cuda_driver') AND e.correlation IS NOT NULL) l
         ASOF JOIN _counted c ON c.thread = l.thread AND l.ts_ns >= c.ts_ns
         WHERE l.ts_ns <= c.end_ns
@@ -565,7 +639,7 @@ FLOPs, whether it counts and why not, and the compute kernels it launched (modul
 RANK_FLOP_TRACES = """
 SELECT t.source,
        (SELECT count(*) > 0 FROM (SELECT 1 FROM events WHERE run = $run AND kind = 'cpu_op'
-                                  AND contains(args, '"Input Dims"') LIMIT 1)) AS shapes,
+                                  AND (contains(args, '"Input Dims"') OR contains(args, '"Input dims"')) LIMIT 1)) AS shapes,
        (SELECT count(*) > 0 FROM (SELECT 1 FROM events WHERE run = $run AND kind = 'kernel' LIMIT 1)) AS kernels,
        (SELECT count(*) > 0 FROM (
             SELECT 1 FROM events k JOIN events l ON l.source = k.source AND l.correlation = k.correlation
