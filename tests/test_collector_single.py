@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import tests.collector_support  # noqa: E402,F401  (puts examples/ on the path)
+from tests.collector_support import PATIENT_FLUSH_S  # noqa: E402  (also puts examples/ on the path)
 import toy_transformer  # noqa: E402
 
 import stepscope  # noqa: E402
@@ -43,7 +43,7 @@ def test_trace_handler_on_a_profiler_the_user_owns(tmp_path: Path) -> None:
     data = torch.Generator().manual_seed(0)
     handler = stepscope.trace_handler(store=tmp_path / "store", run="owned", model=model,
                                       optimizer=optimizer, trace_dir=tmp_path / "traces",
-                                      strict=True)
+                                      strict=True, flush_timeout_s=PATIENT_FLUSH_S)
     with torch.profiler.profile(schedule=torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=2),
                                 record_shapes=True, profile_memory=True, on_trace_ready=handler) as prof:
         for _ in range(9):
@@ -74,7 +74,8 @@ def test_profile_single_process(tmp_path: Path) -> None:
     model, optimizer = toy_transformer.build(TINY)
     data = torch.Generator().manual_seed(0)
     with stepscope.profile(store=tmp_path, run="single", wait=2, warmup=1, active=1,
-                           model=model, optimizer=optimizer, strict=True) as prof:
+                           model=model, optimizer=optimizer, strict=True,
+                           flush_timeout_s=PATIENT_FLUSH_S) as prof:
         for _ in range(6):
             toy_transformer.train_step(model, optimizer, toy_transformer.synthetic_batch(TINY, data))
             prof.step(samples=TINY.batch)
@@ -118,7 +119,7 @@ def test_stacks_are_opt_in(tmp_path: Path, with_stack: bool) -> None:
     data = torch.Generator().manual_seed(0)
     with stepscope.profile(store=tmp_path / "store", run="stacks", wait=0, warmup=1, active=1,
                            with_stack=with_stack, trace_dir=tmp_path, convert="thread",
-                           strict=True) as prof:
+                           strict=True, flush_timeout_s=PATIENT_FLUSH_S) as prof:
         for _ in range(2):
             toy_transformer.train_step(model, optimizer, toy_transformer.synthetic_batch(TINY, data))
             prof.step()
@@ -300,7 +301,7 @@ def test_snapshot_is_stored_with_its_trace(tmp_path: Path, shared_traces: Path) 
     model, optimizer = toy_transformer.build(TINY)
     data = torch.Generator().manual_seed(0)
     prof = stepscope.profile(store=tmp_path, run="snap", wait=2, warmup=1, active=1,
-                             convert="thread", strict=True)
+                             convert="thread", strict=True, flush_timeout_s=PATIENT_FLUSH_S)
     recorder = _RecorderWithSnapshot(snapshot)
     prof.handler.snapshots = recorder  # type: ignore[assignment]
     with prof:
@@ -323,7 +324,8 @@ def test_step_times_are_rewritten_while_the_job_runs(tmp_path: Path) -> None:
     data = torch.Generator().manual_seed(0)
     seen_during: list[list[int]] = []
     with stepscope.profile(store=tmp_path, run="periodic", wait=0, warmup=1, active=1,
-                           convert="thread", strict=True, step_times_every_s=0) as prof:
+                           convert="thread", strict=True, flush_timeout_s=PATIENT_FLUSH_S,
+                           step_times_every_s=0) as prof:
         for step in range(6):
             toy_transformer.train_step(model, optimizer, toy_transformer.synthetic_batch(TINY, data))
             prof.step()
