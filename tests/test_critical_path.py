@@ -4,6 +4,7 @@ shared traces with steps. The edges are checked against a plain-Python pass over
 
 from __future__ import annotations
 
+import shutil
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,11 @@ import pytest
 
 from stepscope.analysis.critical_path import step_paths
 from stepscope.analysis.replay import parse_change, what_if
-from stepscope.errors import UsageError
+from stepscope.cli import main
+from stepscope.errors import StoreError, UsageError
 from stepscope.store import open_store
 from stepscope.store.ingest import ingest_paths
+from tests._store_versions import as_older_version
 from tests.conftest import REPO, built_once, load_raw
 
 SAMPLES = REPO / "sample_traces"
@@ -143,3 +146,19 @@ def test_changes_parse() -> None:
     c = parse_change("rank 3,5: comm_transfer*0.5")
     assert c.ranks == frozenset({3, 5}) and c.factor == 0.5 and "communication_transfer" in c.parts
     assert parse_change("rank 7: on time").on_time
+
+
+def test_migrate_from_version_3_writes_the_edges(store: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    query = "SELECT * FROM rank_edges WHERE run = 'gloo-3ranks-late' ORDER BY rank, host_ts_ns, kind, dep_ts_ns"
+    before = store.sql(query).to_pylist()
+    copy = tmp_path / "store"
+    shutil.copytree(store.root, copy)
+    shutil.rmtree(copy / ".compact", ignore_errors=True)
+    shutil.rmtree(copy / "cache", ignore_errors=True)
+    as_older_version(copy, 3, ("rank_edges",))
+    with pytest.raises(StoreError, match=r"schema version 3, older .*stepscope migrate --store"):
+        open_store(copy)
+    assert main(["migrate", "--store", str(copy)]) == 0
+    assert "traces migrated" in capsys.readouterr().out
+    with open_store(copy) as migrated:
+        assert migrated.sql(query).to_pylist() == before and len(before) == 24

@@ -119,9 +119,9 @@ TABLES: tuple[RankTable, ...] = (
               "ts_ns BIGINT, dur_ns BIGINT, flops BIGINT, flops_source VARCHAR, dtype VARCHAR, counted BOOLEAN, "
               "reason VARCHAR, gpu_ns BIGINT, kernels BIGINT, tf32 BOOLEAN"),
     RankTable("rank_flop_traces", RANK_FLOP_TRACES),
+    RankTable("rank_edges", RANK_EDGES, EDGES_NEEDS, EDGES_COLUMNS),
     RankTable("rank_step_windows", step_windows_query()),
     RankTable("rank_segments", segments_query()),
-    RankTable("rank_edges", RANK_EDGES, EDGES_NEEDS, EDGES_COLUMNS),
 )
 """Every per-rank table, in the order they are written."""
 
