@@ -69,19 +69,35 @@ _d_gaps AS (
   WHERE g1 > g0
 ),
 _d_stretch AS (
-  SELECT step, g0, g1, FALSE AS sync FROM _d_gaps
+  -- stretches that wait for a gloo transfer ending inside them
+  SELECT step, g0, g1 FROM _d_gaps
   UNION ALL
-  SELECT step, ts_ns, end_ns, FALSE FROM _d_host WHERE end_ns > ts_ns AND kind = 'cpu_op' AND category = 'communication'
+  SELECT step, ts_ns, end_ns FROM _d_host WHERE end_ns > ts_ns AND kind = 'cpu_op' AND category = 'communication'
+),
+_d_waiting AS (
+  SELECT step, g0, g1, TRUE AS gloo_only FROM _d_stretch
   UNION ALL
-  SELECT step, ts_ns, end_ns, TRUE FROM _d_host WHERE end_ns > ts_ns AND ({_SYNC})
+  SELECT step, ts_ns, end_ns, FALSE FROM _d_host WHERE end_ns > ts_ns AND ({_SYNC})
+),
+_d_sweep AS (
+  -- one sort of the stretches' ends among the awaitable work's ends: at each stretch's end, the
+  -- latest work (any, and gloo transfers only) to end at or before it (a range join of every
+  -- sync call with every GPU event is quadratic)
+  SELECT step, g0, g1, gloo_only,
+         last_value(w IGNORE NULLS) OVER (ORDER BY t, ord ROWS UNBOUNDED PRECEDING) AS any_w,
+         last_value(CASE WHEN w.comm AND NOT on_gpu THEN w END IGNORE NULLS)
+           OVER (ORDER BY t, ord ROWS UNBOUNDED PRECEDING) AS gloo_w
+  FROM (SELECT end_ns AS t, 0 AS ord, {{'ts': ts_ns, 'end': end_ns, 'stream': stream, 'tid': tid, 'comm': comm}} AS w,
+               on_gpu, NULL::BIGINT AS step, NULL::BIGINT AS g0, NULL::BIGINT AS g1, NULL::BOOLEAN AS gloo_only
+        FROM _d_remote
+        UNION ALL
+        SELECT g1, 1, NULL, NULL, step, g0, g1, gloo_only FROM _d_waiting)
 ),
 _d_wait AS (
-  SELECT s.step, s.g0, s.g1, arg_max(r.ts_ns, r.end_ns) AS dep_ts_ns, max(r.end_ns) AS dep_end_ns,
-         arg_max(r.stream, r.end_ns) AS dep_stream, arg_max(r.tid, r.end_ns) AS dep_tid,
-         arg_max(r.comm, r.end_ns) AS dep_comm
-  FROM _d_stretch s JOIN _d_remote r
-    ON r.end_ns > s.g0 AND r.end_ns <= s.g1 AND (s.sync OR (r.comm AND NOT r.on_gpu))
-  GROUP BY s.step, s.g0, s.g1
+  SELECT step, g0, g1, w.ts AS dep_ts_ns, w."end" AS dep_end_ns, w.stream AS dep_stream, w.tid AS dep_tid,
+         w.comm AS dep_comm
+  FROM (SELECT step, g0, g1, CASE WHEN gloo_only THEN gloo_w ELSE any_w END AS w FROM _d_sweep WHERE g1 IS NOT NULL)
+  WHERE w."end" > g0
 ),
 _d_comm AS (SELECT * FROM _d_remote WHERE comm),
 _d_ops AS (
