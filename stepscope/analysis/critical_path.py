@@ -117,9 +117,10 @@ def _collectives(store: SQLStore, run: str) -> tuple[dict[KEY, Collective], dict
     return out, corrections
 
 
-def step_graphs(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> dict[int, StepGraph]:
-    """Each step's graph (module docs), over ``ranks`` (all when None)."""
-    colls, shift = _collectives(store, run)
+def step_graphs(store: SQLStore, run: str, ranks: Sequence[int] | None, colls: dict[KEY, Collective],
+                shift: dict[int, int]) -> dict[int, StepGraph]:
+    """Each step's graph (module docs), over ``ranks`` (all when None), from the run's
+    collectives and clock corrections (:func:`_collectives`)."""
     wins = store.sql("SELECT rank, step, min(start_ns) AS s, max(end_ns) AS e FROM steps WHERE run = $run "
                      "GROUP BY rank, step", {"run": run}).to_pylist()
     graphs: dict[int, StepGraph] = {}
@@ -285,19 +286,33 @@ class StepPath:
         return f"step {self.step}: {duration(self.length_ns)}; " + " -> ".join(shown)
 
 
-def step_paths(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> list[StepPath]:
-    """The critical path of every step of the run (steps whose every rank has a window)."""
-    graphs = step_graphs(store, run, ranks)
+@dataclass
+class RunGraph:
+    """Every step's graph of a run, its ranks' clock corrections and time lines by part: what the
+    critical paths and the replays (:mod:`stepscope.analysis.replay`) are computed from (plain
+    data: the summary's section result, picklable)."""
+
+    graphs: dict[int, StepGraph]
+    shift: dict[int, int]
+    segments: Segments
+
+
+def run_graph(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> RunGraph | None:
+    """The run's :class:`RunGraph` (None when no step has a rank window)."""
+    colls, shift = _collectives(store, run)
+    graphs = {s: g for s, g in step_graphs(store, run, ranks, colls, shift).items() if g.ranks}
     if not graphs:
-        return []
-    all_ranks = sorted({r for g in graphs.values() for r in g.ranks})
-    _, shift = _collectives(store, run)
-    segments = Segments(store, run, all_ranks)
+        return None
+    return RunGraph(graphs, shift, Segments(store, run, sorted({r for g in graphs.values() for r in g.ranks})))
+
+
+def paths_of(rg: RunGraph) -> list[StepPath]:
+    """The critical path of every step of ``rg``."""
     out = []
-    for step in sorted(graphs):
-        g = graphs[step]
+    for step in sorted(rg.graphs):
+        g = rg.graphs[step]
         pieces = critical_path(g)
-        parts = cut_pieces(pieces, segments, shift)
+        parts = cut_pieces(pieces, rg.segments, rg.shift)
         by_part: dict[str, int] = defaultdict(int)
         by_rank: dict[int, int] = defaultdict(int)
         for p, cut in zip(pieces, parts):
@@ -310,10 +325,23 @@ def step_paths(store: SQLStore, run: str, ranks: Sequence[int] | None = None) ->
     return out
 
 
-def paths_json(paths: list[StepPath] | Absent) -> Any:
+def step_paths(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> list[StepPath]:
+    """The critical path of every step of the run (steps where some rank has a window)."""
+    rg = run_graph(store, run, ranks)
+    return paths_of(rg) if rg is not None else []
+
+
+@dataclass(frozen=True)
+class CriticalPathResult:
+    """The section's result: each step's path, and the graph the findings' replays run on."""
+
+    paths: tuple[StepPath, ...]
+    graph: RunGraph
+
+
+def paths_json(result: CriticalPathResult) -> Any:
     """The summary's ``critical_path``: one object per step (docs/SUMMARY_JSON.md)."""
-    if isinstance(paths, Absent):
-        return {"absent_reason": paths.reason}
+    paths = result.paths
     return [{"step": p.step, "length_ns": p.length_ns, "measured_ns": p.measured_ns,
              "by_part": {k: v for k, v in sorted(p.by_part.items(), key=lambda kv: -kv[1])},
              "by_rank": {str(k): v for k, v in sorted(p.by_rank.items())},
@@ -323,7 +351,9 @@ def paths_json(paths: list[StepPath] | Absent) -> Any:
 
 
 @section("critical_path", order=95, to_json=paths_json)
-def critical_path_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> list[StepPath] | Absent:
+def critical_path_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> CriticalPathResult | Absent:
     """The critical path of each step across ranks: its pieces, by part and by rank."""
-    paths = step_paths(store, run, ranks)
-    return paths if paths else Absent("no step windows: a critical path runs from a step's start to its end")
+    rg = run_graph(store, run, ranks)
+    if rg is None:
+        return Absent("no step windows: a critical path runs from a step's start to its end")
+    return CriticalPathResult(tuple(paths_of(rg)), rg)

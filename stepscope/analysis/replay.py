@@ -36,8 +36,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from stepscope.analysis.critical_path import (Collective, Mark, RankStep, Segments, StepGraph, _collectives,
-                                              last_arrival, step_graphs)
+from stepscope.analysis.critical_path import (Collective, Mark, RankStep, RunGraph, Segments, StepGraph,
+                                              last_arrival, run_graph)
 from stepscope.analysis.sections import SQLStore
 from stepscope.errors import UsageError
 from stepscope.store.rankstats.parts import COMM_TRANSFER, COMMUNICATION_TRANSFER, GPU, HOST, IDLE
@@ -260,19 +260,20 @@ class WhatIf:
 def what_if(store: SQLStore, run: str, changes: Sequence[str | Change] = (),
             ranks: Sequence[int] | None = None) -> WhatIf | None:
     """Replay ``run``'s steps with ``changes`` (texts as ``--change`` takes them, or
-    :class:`Change`); None when the run has no step with a rank graph."""
+    :class:`Change`); None when the run has no step with a rank window."""
     parsed = [c if isinstance(c, Change) else parse_change(c) for c in changes]
-    graphs = step_graphs(store, run, ranks)
-    graphs = {s: g for s, g in graphs.items() if g.ranks}
-    if not graphs:
-        return None
-    _, shift = _collectives(store, run)
-    seg = Segments(store, run, sorted({r for g in graphs.values() for r in g.ranks}))
+    rg = run_graph(store, run, ranks)
+    return replay(rg, run, parsed) if rg is not None else None
+
+
+def replay(rg: RunGraph, run: str, changes: Sequence[Change]) -> WhatIf:
+    """Replay every step of ``rg`` unchanged and with ``changes`` (module docs)."""
     steps = []
-    for s in sorted(graphs):
-        g = graphs[s]
+    for s in sorted(rg.graphs):
+        g = rg.graphs[s]
         measured = sum(r.end - r.start for r in g.ranks.values()) / len(g.ranks)
-        steps.append(StepPrediction(s, measured, replay_step(g, seg, shift, ()), replay_step(g, seg, shift, parsed)))
+        steps.append(StepPrediction(s, measured, replay_step(g, rg.segments, rg.shift, ()),
+                                    replay_step(g, rg.segments, rg.shift, changes)))
     n = len(steps)
     by: dict[str, float] = defaultdict(float)
     for p in steps:
@@ -280,4 +281,4 @@ def what_if(store: SQLStore, run: str, changes: Sequence[str | Change] = (),
         by["u"] += p.unchanged_ns / n
         by["p"] += p.predicted_ns / n
         by["e"] += abs(p.unchanged_ns - p.measured_ns) / n
-    return WhatIf(run, tuple(c.text for c in parsed), tuple(steps), by["m"], by["u"], by["p"], by["e"])
+    return WhatIf(run, tuple(c.text for c in changes), tuple(steps), by["m"], by["u"], by["p"], by["e"])
