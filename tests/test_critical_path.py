@@ -162,3 +162,16 @@ def test_migrate_from_version_3_writes_the_edges(store: Any, tmp_path: Path, cap
     assert "traces migrated" in capsys.readouterr().out
     with open_store(copy) as migrated:
         assert migrated.sql(query).to_pylist() == before and len(before) == 24
+
+
+def test_path_marks_are_the_path_in_the_timelines_time(store: Any) -> None:
+    from stepscope.analysis.critical_path import path_marks
+    from stepscope.analysis.timeline import step_timeline
+
+    path = next(p for p in step_paths(store, "gloo-3ranks-late") if p.step == 3)
+    marks = path_marks(store, "gloo-3ranks-late", 3).to_pylist()
+    assert [(m["rank"], m["t0_ns"], m["t1_ns"]) for m in marks] == [(p.rank, p.t0, p.t1) for p, _ in path.pieces]
+    lane = step_timeline(store, "gloo-3ranks-late", 3).to_pylist()
+    rank2 = [r for r in lane if r["rank"] == 2]
+    # the path starts where rank 2's lane starts: the same aligned clock
+    assert marks[0]["t0_ns"] == min(r["t0_ns"] for r in rank2)

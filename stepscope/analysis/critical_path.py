@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from stepscope.analysis.absent import Absent
 from stepscope.analysis.matching import collective_rows, ranks_with_collectives
 from stepscope.analysis.sections import SQLStore, section
@@ -217,14 +219,30 @@ def critical_path(g: StepGraph) -> list[Piece]:
 
 
 class Segments:
-    """A run's ``rank_segments`` by (rank, breakdown), to cut stretches into parts."""
+    """A run's ``rank_segments`` by (rank, breakdown), to cut stretches into parts: read per rank
+    when first cut (a critical path touches a few ranks), or for many ranks at once (:meth:`load`,
+    the replay)."""
 
     def __init__(self, store: SQLStore, run: str, ranks: Sequence[int]) -> None:
-        rows = store.sql("SELECT rank, breakdown, part, s0, s1 FROM rank_segments WHERE run = $run "
-                         "AND list_contains($ranks::INTEGER[], rank) AND part IN $parts ORDER BY rank, breakdown, s0",
-                         {"run": run, "ranks": [int(r) for r in ranks],
-                          "parts": [p.name for b in (GPU, HOST) for p in b.parts[:-1]]}).to_pylist()
+        self._store, self._run = store, run
         self._by: dict[tuple[int, str], tuple[list[int], list[tuple[int, int, str]]]] = {}
+        self._loaded: set[int] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (the dashboard caches section results): every rank read, without the store."""
+        return {"_store": None, "_run": self._run, "_by": self._by, "_loaded": self._loaded}
+
+    def load(self, ranks: Sequence[int]) -> None:
+        """Read the stretches of ``ranks`` not read yet, in one query."""
+        wanted = sorted(set(int(r) for r in ranks) - self._loaded)
+        if not wanted or self._store is None:
+            return
+        rows = self._store.sql(
+            "SELECT rank, breakdown, part, s0, s1 FROM rank_segments WHERE run = $run "
+            "AND list_contains($ranks::INTEGER[], rank) AND list_contains($parts, part) ORDER BY rank, breakdown, s0",
+            {"run": self._run, "ranks": wanted,
+             "parts": [p.name for b in (GPU, HOST) for p in b.parts[:-1]]}).to_pylist()
+        self._loaded.update(wanted)
         for r in rows:
             starts, items = self._by.setdefault((r["rank"], r["breakdown"]), ([], []))
             starts.append(r["s0"])
@@ -233,6 +251,8 @@ class Segments:
     def cut(self, rank: int, breakdown: str, t0: int, t1: int, shift: int = 0) -> dict[str, int]:
         """Part -> ns of [t0, t1) (aligned; ``shift`` back to the rank's clock) on ``rank``."""
         last = (GPU if breakdown == "gpu" else HOST).parts[-1].name
+        if rank not in self._loaded:
+            self.load([rank])
         starts, items = self._by.get((rank, breakdown), ([], []))
         a, b = t0 + shift, t1 + shift
         out: dict[str, int] = defaultdict(int)
@@ -337,6 +357,20 @@ class CriticalPathResult:
 
     paths: tuple[StepPath, ...]
     graph: RunGraph
+
+
+def path_marks(store: SQLStore, run: str, step: int, ranks: Sequence[int] | None = None) -> pa.Table:
+    """The critical path of ``step`` as rows for the Overview's cross-rank timeline: ``rank,
+    what, t0_ns, t1_ns`` (aligned as the timeline is), ``part`` (the piece's largest part)."""
+    rg = run_graph(store, run, None)
+    g = rg.graphs.get(int(step)) if rg is not None else None
+    pieces = critical_path(g) if g is not None else []
+    parts = cut_pieces(pieces, rg.segments, rg.shift) if rg is not None else []
+    rows = [{"rank": p.rank, "what": p.what, "t0_ns": p.t0, "t1_ns": p.t1,
+             "part": max(cut.items(), key=lambda kv: kv[1])[0] if cut else p.what} for p, cut in zip(pieces, parts)]
+    schema = pa.schema([("rank", pa.int64()), ("what", pa.string()), ("t0_ns", pa.int64()), ("t1_ns", pa.int64()),
+                        ("part", pa.string())])
+    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def paths_json(result: CriticalPathResult) -> Any:

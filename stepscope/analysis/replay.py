@@ -268,6 +268,7 @@ def what_if(store: SQLStore, run: str, changes: Sequence[str | Change] = (),
 
 def replay(rg: RunGraph, run: str, changes: Sequence[Change]) -> WhatIf:
     """Replay every step of ``rg`` unchanged and with ``changes`` (module docs)."""
+    rg.segments.load(sorted({r for g in rg.graphs.values() for r in g.ranks}))
     steps = []
     for s in sorted(rg.graphs):
         g = rg.graphs[s]
