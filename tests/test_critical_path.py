@@ -21,7 +21,8 @@ from tests._store_versions import as_older_version
 from tests.conftest import REPO, built_once, load_raw
 
 SAMPLES = REPO / "sample_traces"
-MULTI_RANK = ("gloo-3ranks-late", "gloo-3ranks-even", "pp-1f1b-3stages-slow", "ddp-gloo-2ranks")
+MULTI_RANK = ("gloo-3ranks-late", "gloo-3ranks-even", "pp-1f1b-3stages-slow", "ddp-gloo-2ranks", "pp-gpipe-3stages",
+              "pp-1f1b-4stages")
 SHARED_WITH_STEPS = ("hta/trace_diff/control/control.json.gz", "hta/nccl_parser_config/nccl_data.json.gz")
 
 

@@ -162,12 +162,27 @@ def issue_of(g: StepGraph, c: Collective) -> Mark | None:
     return next((m for m in rs.marks if m.kind == "issue" and m.dep is c), None) if rs else None
 
 
-def last_arrival(g: StepGraph, c: Collective) -> Collective | None:
-    """The member of ``c``'s instance that started last, when every member is in this step."""
+def binding_members(g: StepGraph, c: Collective) -> list[Collective]:
+    """The members of ``c``'s instance whose start ``c``'s end waits for: every member of a
+    collective; a recv's sends (and itself); none for a send, which completes without its recv
+    (gloo buffers it); a recv paired with one send. Empty when ``c`` is unmatched or its instance is not all in this step."""
     members = g.instances.get(c.inst) if c.inst is not None else None
-    if not members or len(members) < 2:
-        return None
-    return max(members, key=lambda m: (m.ts, m.rank))
+    if not members or len(members) < 2 or c.name == "send":
+        return []
+    if c.name == "recv":
+        # a pair: one send, this recv (matching by order in the step pairs the k-th transfers of
+        # every rank of a pipeline's group; with more members the peer is not known)
+        sends = [m for m in members if m.name == "send"]
+        # (and a send that started after this recv ended is not its send: the pairing is wrong)
+        ok = len(members) == 2 and len(sends) == 1 and sends[0].ts <= c.end
+        return [c, *sends] if ok else []
+    return members
+
+
+def last_arrival(g: StepGraph, c: Collective) -> Collective | None:
+    """The binding member of ``c``'s instance that started last (:func:`binding_members`)."""
+    members = binding_members(g, c)
+    return max(members, key=lambda m: (m.ts, m.rank)) if len(members) >= 2 else None
 
 
 def critical_path(g: StepGraph) -> list[Piece]:

@@ -8,7 +8,8 @@ The graph is :mod:`stepscope.analysis.critical_path`'s. Each rank starts the ste
 - a collective **arrives** its issue's replayed time plus its measured issue delay; a matched
   instance **ends** on each member at the latest replayed arrival plus that member's measured
   time after the last arrival (its transfer; scaled by ``comm_transfer``/``communication_transfer``);
-  an unmatched collective ends its whole (scaled) duration after its arrival;
+  an unmatched collective, or a send (gloo completes it without its recv), ends its whole (scaled)
+  duration after its arrival; a recv waits for its send only;
 - a **wait** ends at the later of when the host got there and the awaited work's replayed end,
   plus what it measured after that end; work the host waits for on the GPU is the GPU's measured
   time from the wait's start to that end, cut into the GPU breakdown's parts, scaled.
@@ -37,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from stepscope.analysis.critical_path import (Collective, Mark, RankStep, RunGraph, Segments, StepGraph,
-                                              last_arrival, run_graph)
+                                              binding_members, last_arrival, run_graph)
 from stepscope.analysis.sections import SQLStore
 from stepscope.errors import UsageError
 from stepscope.store.rankstats.parts import COMM_TRANSFER, COMMUNICATION_TRANSFER, GPU, HOST, IDLE
@@ -170,7 +171,7 @@ def replay_step(g: StepGraph, seg: Segments, shift: dict[int, int], changes: Seq
         if last is None:
             value = a + (c.end - c.ts) * tf
         else:
-            members = g.instances[c.inst]  # type: ignore[index]
+            members = binding_members(g, c)
             if not force and any(id(m) not in arrive for m in members):
                 return None
             latest = max(arrive.get(id(m), float(m.ts)) for m in members)

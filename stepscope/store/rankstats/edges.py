@@ -14,7 +14,8 @@ ranks. What they need of one rank is where its *main thread* (the one holding th
   runtime calls) waits for the GPU work or collective that ends last inside it; a stretch of the
   main thread with no op running inside a step, or inside a communication op (a synchronous
   ``c10d::allreduce_``), waits for a gloo transfer ending inside it (a CPU rank blocked in
-  ``work.wait()``, which the profiler does not record, or in the op itself). A stretch ending where
+  ``work.wait()``, which the profiler does not record, or in the op itself); a gloo receive
+  running on the main thread itself waits for itself (its end, after its peer arrived). A stretch ending where
   no such work ends is the host's own time, not a wait (a ``time.sleep`` before a collective).
 
 Host thread order and stream order need no row: they are the time order of the main thread's
@@ -77,6 +78,10 @@ _d_stretch AS (
 _d_waiting AS (
   SELECT step, g0, g1, TRUE AS gloo_only FROM _d_stretch
   UNION ALL
+  -- a gloo receive on the main thread itself (a pipeline's recv): it waits for itself (a send's
+  -- annotation stays open while the thread goes on: an isend completes later, it does not wait)
+  SELECT step, ts_ns, end_ns, TRUE FROM _d_host WHERE end_ns > ts_ns AND kind = 'user_annotation' AND name LIKE 'gloo:recv%'
+  UNION ALL
   SELECT step, ts_ns, end_ns, FALSE FROM _d_host WHERE end_ns > ts_ns AND ({_SYNC})
 ),
 _d_sweep AS (
@@ -110,8 +115,10 @@ _d_launch AS (
   WHERE c.kind = 'kernel' GROUP BY ALL
 ),
 _d_gloo AS (
-  SELECT c.ts_ns, c.end_ns, c.stream, c.tid, o.ts_ns AS issue_ns
-  FROM (SELECT * FROM _d_comm WHERE kind <> 'kernel') c ASOF JOIN _d_ops o ON o.ts_ns <= c.ts_ns
+  -- on the main thread itself a transfer is its own issue
+  SELECT c.ts_ns, c.end_ns, c.stream, c.tid,
+         CASE WHEN c.tid = (SELECT tid FROM _d_main) OR o.ts_ns IS NULL THEN c.ts_ns ELSE o.ts_ns END AS issue_ns
+  FROM (SELECT * FROM _d_comm WHERE kind <> 'kernel') c ASOF LEFT JOIN _d_ops o ON o.ts_ns <= c.ts_ns
 ),
 _d_issue AS (
   SELECT i.*, w.step FROM (SELECT * FROM _d_launch UNION ALL SELECT * FROM _d_gloo) i
