@@ -176,3 +176,14 @@ def test_path_marks_are_the_path_in_the_timelines_time(store: Any) -> None:
     rank2 = [r for r in lane if r["rank"] == 2]
     # the path starts where rank 2's lane starts: the same aligned clock
     assert marks[0]["t0_ns"] == min(r["t0_ns"] for r in rank2)
+
+
+def test_overview_marks_the_critical_path(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_dashboard_apptest import assert_clean, open_page
+
+    at = open_page(store.root, "overview", monkeypatch, run="gloo-3ranks-late")
+    assert_clean(at)
+    specs = [c.proto.spec for c in at.get("vega_lite_chart")]
+    timeline = next(s for s in specs if "critical path on rank" in s)
+    assert '"height": 3' in timeline.replace('"height":3', '"height": 3')
+    assert any("critical path" in c.value for c in at.caption)
