@@ -256,12 +256,13 @@ class Segments:
             "SELECT rank, breakdown, part, s0, s1 FROM rank_segments WHERE run = $run "
             "AND list_contains($ranks::INTEGER[], rank) AND list_contains($parts, part) ORDER BY rank, breakdown, s0",
             {"run": self._run, "ranks": wanted,
-             "parts": [p.name for b in (GPU, HOST) for p in b.parts[:-1]]}).to_pylist()
+             "parts": [p.name for b in (GPU, HOST) for p in b.parts[:-1]]})
         self._loaded.update(wanted)
-        for r in rows:
-            starts, items = self._by.setdefault((r["rank"], r["breakdown"]), ([], []))
-            starts.append(r["s0"])
-            items.append((r["s0"], r["s1"], r["part"]))
+        columns = [rows.column(c).to_pylist() for c in ("rank", "breakdown", "part", "s0", "s1")]
+        for rank, breakdown, part, s0, s1 in zip(*columns):
+            starts, items = self._by.setdefault((rank, breakdown), ([], []))
+            starts.append(s0)
+            items.append((s0, s1, part))
 
     def cut(self, rank: int, breakdown: str, t0: int, t1: int, shift: int = 0) -> dict[str, int]:
         """Part -> ns of [t0, t1) (aligned; ``shift`` back to the rank's clock) on ``rank``."""
