@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "report": "Write one self-contained HTML report of a run (and its comparison with a baseline).",
     "prune": "Remove old runs from a store kept between CI runs (baselines are kept).",
     "migrate": "Bring a store written by an older stepscope up to this one's schema version.",
+    "whatif": "Replay a run's steps with changed durations: the predicted step, with its error bar.",
 }
 """Subcommand name -> one-line help. The module is ``stepscope.commands.<name>``."""
 

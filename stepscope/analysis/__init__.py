@@ -14,6 +14,17 @@ from stepscope.analysis.absent import Absent, Maybe, is_absent, jsonable
 from stepscope.analysis.findings import RULES, Finding, Rule, Severity, evaluate, rule
 from stepscope.analysis.sections import SECTIONS, Section, SQLStore, compute_sections, section
 
+
+
+def __getattr__(name: str) -> object:
+    """``stepscope.analysis.what_if`` (:mod:`.replay`), imported when first asked for."""
+    if name == "what_if":
+        from stepscope.analysis.replay import what_if
+
+        return what_if
+    raise AttributeError(name)
+
+
 __all__ = [
     "RULES",
     "SECTIONS",
@@ -30,4 +41,5 @@ __all__ = [
     "jsonable",
     "rule",
     "section",
+    "what_if",
 ]

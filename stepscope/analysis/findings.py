@@ -129,6 +129,21 @@ def rule(rule_id: str, *, needs: tuple[str, ...]) -> Callable[[RuleFunc], RuleFu
     return register
 
 
+Adjuster = Callable[[list[Finding], Results], list[Finding]]
+
+ADJUSTERS: list[Adjuster] = []
+"""Passes over every rule's findings before they are ordered (:func:`adjuster`): the replay's
+time at stake (:mod:`stepscope.analysis.stakes`) replaces each rule's own estimate there."""
+
+
+def adjuster(func: Adjuster) -> Adjuster:
+    """Register ``func`` to rewrite the findings of :func:`evaluate` (after the rules, before
+    the order)."""
+    if func not in ADJUSTERS:
+        ADJUSTERS.append(func)
+    return func
+
+
 def order_key(finding: Finding) -> tuple[bool, bool, int, int, str]:
     """The report order: the most time at stake first, findings that are not about time after
     the timed ones, then by severity and rule id."""
@@ -155,5 +170,7 @@ def evaluate(results: Results, rules: Iterable[Rule] | None = None) -> list[Find
             if finding.rule != r.id:
                 raise ValueError(f"rule {r.id!r} yielded a finding for {finding.rule!r}")
             found.append(finding)
+    for adjust in ADJUSTERS:
+        found = adjust(found, results)
     found.sort(key=order_key)
     return found

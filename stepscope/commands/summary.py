@@ -328,10 +328,21 @@ def verdict_tables(doc: dict[str, Any]) -> tuple[list[str], list[Table]]:
     out.append(Table(
         "Findings, by time at stake per step",
         (Column("#", "count"), Column("at stake", "ns"), Column("of step"), Column("finding")),
-        [(i + 1, f.get("time_at_stake_ns"), share(f), f"{f['message']} [{f['rule']}]") for i, f in enumerate(shown)]
+        [(i + 1, f.get("time_at_stake_ns"), share(f), f"{f['message']}{_replayed(f)} [{f['rule']}]")
+         for i, f in enumerate(shown)]
         or [(None, None, "", "no findings" + (" per step: the run has no steps" if v.get("basis") is None else ""))],
         note))
     return lines, out
+
+
+def _replayed(finding: dict[str, Any]) -> str:
+    """`` (at stake if 'rank 2: on time', replayed ± 76 ns)``: where a finding's time at stake
+    comes from the replay (stepscope.analysis.stakes), the change and the error bar."""
+    evidence = finding.get("evidence") or {}
+    if evidence.get("stake_from") != "replay":
+        return ""
+    changes = " + ".join(f"'{c}'" for c in evidence.get("stake_change", []))
+    return f" (at stake if {changes}, replayed ± {duration(evidence.get('stake_error_ns') or 0)})"
 
 
 def _hint(doc: dict[str, Any]) -> str:

@@ -475,6 +475,22 @@ RANK_SEGMENTS = pa.schema(
 )
 """Each rank's time line, cut into its parts (``stepscope.store.rankstats.segments``)."""
 
+RANK_EDGES = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("step", pa.int64()),
+        pa.field("kind", _STR, nullable=False),
+        pa.field("host_ts_ns", pa.int64(), nullable=False),
+        pa.field("host_end_ns", pa.int64(), nullable=False),
+        pa.field("dep_ts_ns", pa.int64()),
+        pa.field("dep_end_ns", pa.int64()),
+        pa.field("dep_stream", pa.int64()),
+        pa.field("dep_tid", pa.int64()),
+        pa.field("dep_comm", pa.bool_()),
+    ]
+)
+"""Each rank's dependency edges: collective issues and host waits (``stepscope.store.rankstats.edges``)."""
+
 
 # --- Memory snapshots (``stepscope ingest x.pickle``; ``stepscope.store.snapshot``) ---------------
 SNAPSHOT_SEGMENTS = pa.schema(
@@ -588,6 +604,7 @@ TABLES: dict[str, Table] = {
         Table("rank_flop_traces", RANK_FLOP_TRACES, "one row per trace of a rank: shapes recorded, GPU kernels, kernel launches (computed at ingest)"),
         Table("rank_step_windows", RANK_STEP_WINDOWS, "one row per step of a rank: its window (computed at ingest)"),
         Table("rank_segments", RANK_SEGMENTS, "one row per stretch of a rank's time line where a part holds (computed at ingest)"),
+        Table("rank_edges", RANK_EDGES, "one row per collective a rank's host issued and per stretch its host waited (computed at ingest)"),
         *(Table(name, spec, doc) for name, spec, doc in SNAPSHOT_TABLES),
     )
 }

@@ -13,6 +13,7 @@ from stepscope.store.rankstats.parts import GPU, HOST, Part
 from stepscope.analysis.steps import step_times
 from stepscope.analysis.timeline import late_marks, step_timeline, timeline_parts
 from stepscope.analysis.summary import summary_verdict
+from stepscope.dashboard._critical_path import critical_path_layer
 from stepscope.dashboard._data import context
 from stepscope.dashboard._perfetto import MAX_INLINE_BYTES, open_button_html, rank_trace, trace_seconds
 from stepscope.dashboard._filters import select
@@ -139,8 +140,12 @@ def show_timeline(findings: list) -> None:
             tooltip=[alt.Tooltip("rank:O", title="late rank"), alt.Tooltip("collective:N"),
                      alt.Tooltip("t_ms:Q", title="arrived at (ms)", format=",.3f"),
                      alt.Tooltip("waited_ms:Q", title="the others waited (ms, summed)", format=",.3f")]))
+    path = critical_path_layer(ctx, int(step), origin, y, lanes)
+    if path is not None:
+        layers.append(path)
     chart(alt.layer(*layers).properties(height=max(160, min(720, 40 * len(lanes)))))
     st.caption("Black triangles: a rank arriving late at a collective the others waited in. "
+               + ("Thin black bars: the step's critical path, rank by rank. " if path is not None else "")
                + (f"{cut:,} segments shorter than the {TIMELINE_MAX_BARS:,} drawn are left out. " if cut else "")
                + "Each bar is one stretch of one part (the step breakdown's rules, over time).")
     left, right = st.columns([1, 3])

@@ -24,6 +24,7 @@ from stepscope.store.rankstats.breakdown import (GPU_KINDS_SQL, PREPARE, WINDOW_
                                                  gpu_totals_query, rank_step_query, sql_list, stored_columns)
 from stepscope.store.rankstats.collectives import HOST_SIDE_SQL, RANK_COLLECTIVES, RANK_HIDING_SPANS
 from stepscope.store.rankstats.copies import RANK_COPIES
+from stepscope.store.rankstats.edges import EDGES_COLUMNS, EDGES_NEEDS, RANK_EDGES
 from stepscope.store.rankstats.flops import FLOP_OPS, RANK_FLOP_OPS, RANK_FLOP_TRACES
 from stepscope.store.rankstats.kernels import RANK_CPU_OPS, RANK_KERNELS, RANK_LAUNCHES
 from stepscope.store.rankstats.memory import (PREPARE_MEMORY, RANK_MEMORY_ALLOCATIONS, RANK_MEMORY_CURVE,
@@ -118,6 +119,7 @@ TABLES: tuple[RankTable, ...] = (
               "ts_ns BIGINT, dur_ns BIGINT, flops BIGINT, flops_source VARCHAR, dtype VARCHAR, counted BOOLEAN, "
               "reason VARCHAR, gpu_ns BIGINT, kernels BIGINT, tf32 BOOLEAN"),
     RankTable("rank_flop_traces", RANK_FLOP_TRACES),
+    RankTable("rank_edges", RANK_EDGES, EDGES_NEEDS, EDGES_COLUMNS),
     RankTable("rank_step_windows", step_windows_query()),
     RankTable("rank_segments", segments_query()),
 )

@@ -1,0 +1,409 @@
+"""The step's graph across ranks and its critical path.
+
+Each rank's step is its main thread's time line from the step's start to its end, cut at the
+*marks* its ``rank_edges`` rows give (:mod:`stepscope.store.rankstats.edges`): where it issued a
+collective and where it waited for one (or for the GPU). Between marks the host works. The rank
+graphs are joined by the collectives matched across ranks (:mod:`stepscope.analysis.matching`,
+clock-aligned by its offsets): an instance ends on each rank only after its last rank started
+it (the edge from the last arrival's start to each member's end; a send and its recv are one
+instance). Every time below is aligned to the reference rank's clock.
+
+The **critical path** of a step is found backwards from the rank whose step ends last: along
+its host time line; at a wait that held the host (the awaited work ended after the host got
+there) into the awaited work: a matched collective's transfer from its last arrival, then to
+that last-arriving rank's issue of it and on along *its* host; the GPU's work up to the wait
+(an unmatched collective: its whole duration); until a step start is reached. Its pieces are
+contiguous, so its length is the step's end on the last rank minus the start of the rank where
+it begins: the measured step of the rank that ends last when the path starts there, the
+cross-rank span otherwise. Each piece is cut into the catalogue's parts (host pieces by the
+host breakdown's time line, GPU pieces by the GPU's, ``rank_segments``; a transfer is
+``comm_transfer``, a gloo one ``communication_transfer``).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from stepscope.analysis.absent import Absent
+from stepscope.analysis.matching import collective_rows, ranks_with_collectives
+from stepscope.analysis.sections import SQLStore, section
+from stepscope.store.rankstats.parts import COMM_TRANSFER, COMMUNICATION_TRANSFER, GPU, HOST
+
+KEY = tuple[int, int, int, int, int]
+"""A collective event: (rank, ts_ns, end_ns, stream, tid) as recorded (stream and tid -1 when null)."""
+
+
+@dataclass
+class Collective:
+    """One collective event of a rank, aligned: its instance when matched, else ``inst`` None."""
+
+    rank: int
+    ts: int
+    end: int
+    lane: tuple[int, int]
+    host_side: bool
+    name: str
+    inst: int | None = None
+
+
+@dataclass
+class Mark:
+    """A point of a rank's host time line: ``issue`` (at ``t``) or ``wait`` (``t`` .. ``t_end``)."""
+
+    kind: str
+    t: int
+    t_end: int
+    dep: Collective | None = None
+    dep_end: int | None = None
+
+
+@dataclass
+class RankStep:
+    """One rank's step: window and marks in time order, aligned."""
+
+    rank: int
+    start: int
+    end: int
+    marks: list[Mark] = field(default_factory=list)
+
+
+@dataclass
+class StepGraph:
+    """The graph of one step: every rank's :class:`RankStep` and the matched instances' members."""
+
+    step: int
+    ranks: dict[int, RankStep]
+    instances: dict[int, list[Collective]]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A stretch of the critical path: ``what`` (host, gpu, transfer, issue) on ``rank``."""
+
+    rank: int
+    what: str
+    t0: int
+    t1: int
+    label: str = ""
+
+
+def _key(rank: int, ts: int, end: int, stream: Any, tid: Any) -> KEY:
+    return (rank, ts, end, -1 if stream is None else int(stream), -1 if tid is None else int(tid))
+
+
+def _collectives(store: SQLStore, run: str) -> tuple[dict[KEY, Collective], dict[int, int]]:
+    """Every collective event by key, aligned, and each rank's clock correction."""
+    table = store.sql("SELECT rank, ts_ns, end_ns, stream, tid, host_side, collective, name FROM rank_collectives "
+                      "WHERE run = $run", {"run": run})
+    out: dict[KEY, Collective] = {}
+    for r in table.to_pylist():
+        lane = (0, -1) if r["host_side"] else (1, -1 if r["stream"] is None else r["stream"])
+        out[_key(r["rank"], r["ts_ns"], r["end_ns"], r["stream"], r["tid"])] = Collective(
+            r["rank"], r["ts_ns"], r["end_ns"], lane, bool(r["host_side"]), r["collective"] or r["name"] or "?")
+    corrections: dict[int, int] = {}
+    if out and ranks_with_collectives(store, run) >= 2:
+        for r in collective_rows(store, run).to_pylist():
+            c = out.get(_key(r["rank"], r["ts_ns"], r["end_ns"], r["stream"], r["tid"]))
+            corrections[r["rank"]] = int(r["clock_correction_ns"] or 0)
+            if c is not None and r["valid"]:
+                c.inst = int(r["inst_id"])
+    for c in out.values():
+        shift = corrections.get(c.rank, 0)
+        c.ts, c.end = c.ts - shift, c.end - shift
+    return out, corrections
+
+
+def step_graphs(store: SQLStore, run: str, ranks: Sequence[int] | None, colls: dict[KEY, Collective],
+                shift: dict[int, int]) -> dict[int, StepGraph]:
+    """Each step's graph (module docs), over ``ranks`` (all when None), from the run's
+    collectives and clock corrections (:func:`_collectives`)."""
+    wins = store.sql("SELECT rank, step, min(start_ns) AS s, max(end_ns) AS e FROM steps WHERE run = $run "
+                     "GROUP BY rank, step", {"run": run}).to_pylist()
+    graphs: dict[int, StepGraph] = {}
+    chosen = None if ranks is None else set(ranks)
+    for w in wins:
+        if chosen is not None and w["rank"] not in chosen:
+            continue
+        d = shift.get(w["rank"], 0)
+        g = graphs.setdefault(w["step"], StepGraph(w["step"], {}, defaultdict(list)))
+        g.ranks[w["rank"]] = RankStep(w["rank"], w["s"] - d, w["e"] - d)
+    edges = store.sql("SELECT rank, step, kind, host_ts_ns, host_end_ns, dep_ts_ns, dep_end_ns, dep_stream, dep_tid, "
+                      "dep_comm FROM rank_edges WHERE run = $run ORDER BY rank, host_ts_ns, kind", {"run": run})
+    for e in edges.to_pylist():
+        g = graphs.get(e["step"])
+        rs = g.ranks.get(e["rank"]) if g else None
+        if rs is None:
+            continue
+        d = shift.get(e["rank"], 0)
+        dep = colls.get(_key(e["rank"], e["dep_ts_ns"], e["dep_end_ns"], e["dep_stream"], e["dep_tid"]))
+        if e["kind"] == "issue" and dep is None:
+            continue
+        rs.marks.append(Mark(e["kind"], e["host_ts_ns"] - d, e["host_end_ns"] - d, dep,
+                             None if e["dep_end_ns"] is None else e["dep_end_ns"] - d))
+    for g in graphs.values():
+        for rs in g.ranks.values():
+            rs.marks = [m for m in rs.marks if rs.start <= m.t <= rs.end]
+            rs.marks.sort(key=lambda m: (m.t, m.kind != "issue"))
+            for m in rs.marks:
+                if m.kind == "issue" and m.dep is not None and m.dep.inst is not None:
+                    g.instances[m.dep.inst].append(m.dep)
+    return graphs
+
+
+def issue_of(g: StepGraph, c: Collective) -> Mark | None:
+    """The issue mark of collective ``c`` on its rank in ``g``."""
+    rs = g.ranks.get(c.rank)
+    return next((m for m in rs.marks if m.kind == "issue" and m.dep is c), None) if rs else None
+
+
+def binding_members(g: StepGraph, c: Collective) -> list[Collective]:
+    """The members of ``c``'s instance whose start ``c``'s end waits for: every member of a
+    collective; a recv's sends (and itself); none for a send, which completes without its recv
+    (gloo buffers it); a recv paired with one send. Empty when ``c`` is unmatched or its instance is not all in this step."""
+    members = g.instances.get(c.inst) if c.inst is not None else None
+    if not members or len(members) < 2 or c.name == "send":
+        return []
+    if c.name == "recv":
+        # a pair: one send, this recv (matching by order in the step pairs the k-th transfers of
+        # every rank of a pipeline's group; with more members the peer is not known)
+        sends = [m for m in members if m.name == "send"]
+        # (and a send that started after this recv ended is not its send: the pairing is wrong)
+        ok = len(members) == 2 and len(sends) == 1 and sends[0].ts <= c.end
+        return [c, *sends] if ok else []
+    return members
+
+
+def last_arrival(g: StepGraph, c: Collective) -> Collective | None:
+    """The binding member of ``c``'s instance that started last (:func:`binding_members`)."""
+    members = binding_members(g, c)
+    return max(members, key=lambda m: (m.ts, m.rank)) if len(members) >= 2 else None
+
+
+def critical_path(g: StepGraph) -> list[Piece]:
+    """The critical path of step graph ``g``, first piece first (module docs)."""
+    if not g.ranks:
+        return []
+    rs = max(g.ranks.values(), key=lambda r: (r.end, r.rank))
+    pieces: list[Piece] = []
+    t = rs.end
+    marks = [m for m in rs.marks]
+    while True:
+        # the latest mark of this rank at or before t that held the host
+        nxt = None
+        for m in reversed(marks):
+            if m.t > t:
+                continue
+            if m.kind == "wait" and m.dep_end is not None and m.t_end <= t and m.dep_end > m.t:
+                nxt = m
+                break
+        if nxt is None:
+            pieces.append(Piece(rs.rank, "host", rs.start, t))
+            break
+        pieces.append(Piece(rs.rank, "host", nxt.dep_end, t))
+        c = nxt.dep
+        last = last_arrival(g, c) if c is not None else None
+        if c is not None and last is not None:
+            label = COMMUNICATION_TRANSFER.name if c.host_side else COMM_TRANSFER.name
+            pieces.append(Piece(rs.rank, "transfer", min(last.ts, nxt.dep_end), nxt.dep_end, label))
+            issue = issue_of(g, last)
+            rs = g.ranks[last.rank]
+            marks = rs.marks
+            t0 = min(last.ts, nxt.dep_end)
+            if issue is not None and issue.t <= t0:
+                pieces.append(Piece(rs.rank, "issue", issue.t, t0))
+                t0 = issue.t
+            t = max(t0, rs.start)
+            continue
+        if c is not None:
+            # an unmatched collective: its own time, from when it started (or the wait began)
+            t = max(nxt.t, min(c.ts, nxt.dep_end))
+            label = COMMUNICATION_TRANSFER.name if c.host_side else COMM_TRANSFER.name
+            pieces.append(Piece(rs.rank, "transfer", t, nxt.dep_end, label))
+        else:
+            pieces.append(Piece(rs.rank, "gpu", nxt.t, nxt.dep_end))
+            t = nxt.t
+        marks = [m for m in marks if m.t < t]
+    pieces.reverse()
+    return [p for p in pieces if p.t1 > p.t0]
+
+
+class Segments:
+    """A run's ``rank_segments`` by (rank, breakdown), to cut stretches into parts: read per rank
+    when first cut (a critical path touches a few ranks), or for many ranks at once (:meth:`load`,
+    the replay)."""
+
+    def __init__(self, store: SQLStore, run: str, ranks: Sequence[int]) -> None:
+        self._store, self._run = store, run
+        self._by: dict[tuple[int, str], tuple[list[int], list[tuple[int, int, str]]]] = {}
+        self._loaded: set[int] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (the dashboard caches section results): every rank read, without the store."""
+        return {"_store": None, "_run": self._run, "_by": self._by, "_loaded": self._loaded}
+
+    def load(self, ranks: Sequence[int]) -> None:
+        """Read the stretches of ``ranks`` not read yet, in one query."""
+        wanted = sorted(set(int(r) for r in ranks) - self._loaded)
+        if not wanted or self._store is None:
+            return
+        rows = self._store.sql(
+            "SELECT rank, breakdown, part, s0, s1 FROM rank_segments WHERE run = $run "
+            "AND list_contains($ranks::INTEGER[], rank) AND list_contains($parts, part) ORDER BY rank, breakdown, s0",
+            {"run": self._run, "ranks": wanted,
+             "parts": [p.name for b in (GPU, HOST) for p in b.parts[:-1]]})
+        self._loaded.update(wanted)
+        columns = [rows.column(c).to_pylist() for c in ("rank", "breakdown", "part", "s0", "s1")]
+        for rank, breakdown, part, s0, s1 in zip(*columns):
+            starts, items = self._by.setdefault((rank, breakdown), ([], []))
+            starts.append(s0)
+            items.append((s0, s1, part))
+
+    def cut(self, rank: int, breakdown: str, t0: int, t1: int, shift: int = 0) -> dict[str, int]:
+        """Part -> ns of [t0, t1) (aligned; ``shift`` back to the rank's clock) on ``rank``."""
+        last = (GPU if breakdown == "gpu" else HOST).parts[-1].name
+        if rank not in self._loaded:
+            self.load([rank])
+        starts, items = self._by.get((rank, breakdown), ([], []))
+        a, b = t0 + shift, t1 + shift
+        out: dict[str, int] = defaultdict(int)
+        covered = 0
+        # stretches of one breakdown's exclusive parts do not overlap: those starting before b
+        i = max(bisect_left(starts, a) - 1, 0)
+        while i < len(items) and items[i][0] < b:
+            s0, s1, part = items[i]
+            ov = min(s1, b) - max(s0, a)
+            if ov > 0:
+                out[part] += ov
+                covered += ov
+            i += 1
+        if b - a - covered > 0:
+            out[last] += b - a - covered
+        return dict(out)
+
+
+def cut_pieces(pieces: Sequence[Piece], segments: Segments, shift: dict[int, int]) -> list[dict[str, int]]:
+    """Each piece's parts (ns by part name)."""
+    out = []
+    for p in pieces:
+        if p.what == "transfer":
+            out.append({p.label: p.t1 - p.t0})
+        else:
+            out.append(segments.cut(p.rank, "gpu" if p.what == "gpu" else "host", p.t0, p.t1, shift.get(p.rank, 0)))
+    return out
+
+
+@dataclass(frozen=True)
+class StepPath:
+    """One step's critical path: its length, the measured step it is checked against, its pieces
+    with their parts, and its time by part and by rank."""
+
+    step: int
+    length_ns: int
+    measured_ns: int
+    """The step as measured: the latest end minus the earliest start over the ranks (aligned)."""
+    pieces: tuple[tuple[Piece, dict[str, int]], ...]
+    by_part: dict[str, int]
+    by_rank: dict[int, int]
+
+    def text(self) -> str:
+        """``step 10: 16.1 ms; rank 7 host 7.5 ms -> ...``."""
+        from stepscope.units import duration
+
+        shown = []
+        for p, parts in self.pieces:
+            top = max(parts.items(), key=lambda kv: kv[1])[0] if parts else p.what
+            shown.append(f"rank {p.rank} {p.what} {duration(p.t1 - p.t0)} ({top})")
+        return f"step {self.step}: {duration(self.length_ns)}; " + " -> ".join(shown)
+
+
+@dataclass
+class RunGraph:
+    """Every step's graph of a run, its ranks' clock corrections and time lines by part: what the
+    critical paths and the replays (:mod:`stepscope.analysis.replay`) are computed from (plain
+    data: the summary's section result, picklable)."""
+
+    graphs: dict[int, StepGraph]
+    shift: dict[int, int]
+    segments: Segments
+
+
+def run_graph(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> RunGraph | None:
+    """The run's :class:`RunGraph` (None when no step has a rank window)."""
+    colls, shift = _collectives(store, run)
+    graphs = {s: g for s, g in step_graphs(store, run, ranks, colls, shift).items() if g.ranks}
+    if not graphs:
+        return None
+    return RunGraph(graphs, shift, Segments(store, run, sorted({r for g in graphs.values() for r in g.ranks})))
+
+
+def paths_of(rg: RunGraph) -> list[StepPath]:
+    """The critical path of every step of ``rg``."""
+    out = []
+    for step in sorted(rg.graphs):
+        g = rg.graphs[step]
+        pieces = critical_path(g)
+        parts = cut_pieces(pieces, rg.segments, rg.shift)
+        by_part: dict[str, int] = defaultdict(int)
+        by_rank: dict[int, int] = defaultdict(int)
+        for p, cut in zip(pieces, parts):
+            by_rank[p.rank] += p.t1 - p.t0
+            for name, ns in cut.items():
+                by_part[name] += ns
+        measured = max(r.end for r in g.ranks.values()) - min(r.start for r in g.ranks.values())
+        out.append(StepPath(step, sum(p.t1 - p.t0 for p in pieces), measured, tuple(zip(pieces, parts)),
+                            dict(by_part), dict(by_rank)))
+    return out
+
+
+def step_paths(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> list[StepPath]:
+    """The critical path of every step of the run (steps where some rank has a window)."""
+    rg = run_graph(store, run, ranks)
+    return paths_of(rg) if rg is not None else []
+
+
+@dataclass(frozen=True)
+class CriticalPathResult:
+    """The section's result: each step's path, and the graph the findings' replays run on."""
+
+    paths: tuple[StepPath, ...]
+    graph: RunGraph
+
+
+def path_marks(store: SQLStore, run: str, step: int, ranks: Sequence[int] | None = None) -> pa.Table:
+    """The critical path of ``step`` as rows for the Overview's cross-rank timeline: ``rank,
+    what, t0_ns, t1_ns`` (aligned as the timeline is), ``part`` (the piece's largest part)."""
+    rg = run_graph(store, run, None)
+    g = rg.graphs.get(int(step)) if rg is not None else None
+    pieces = critical_path(g) if g is not None else []
+    parts = cut_pieces(pieces, rg.segments, rg.shift) if rg is not None else []
+    rows = [{"rank": p.rank, "what": p.what, "t0_ns": p.t0, "t1_ns": p.t1,
+             "part": max(cut.items(), key=lambda kv: kv[1])[0] if cut else p.what} for p, cut in zip(pieces, parts)]
+    schema = pa.schema([("rank", pa.int64()), ("what", pa.string()), ("t0_ns", pa.int64()), ("t1_ns", pa.int64()),
+                        ("part", pa.string())])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def paths_json(result: CriticalPathResult) -> Any:
+    """The summary's ``critical_path``: one object per step (docs/SUMMARY_JSON.md)."""
+    paths = result.paths
+    return [{"step": p.step, "length_ns": p.length_ns, "measured_ns": p.measured_ns,
+             "by_part": {k: v for k, v in sorted(p.by_part.items(), key=lambda kv: -kv[1])},
+             "by_rank": {str(k): v for k, v in sorted(p.by_rank.items())},
+             "path": [{"rank": piece.rank, "what": piece.what, "start_ns": piece.t0, "end_ns": piece.t1,
+                       "parts": parts} for piece, parts in p.pieces],
+             "text": p.text()} for p in paths]
+
+
+@section("critical_path", order=95, to_json=paths_json)
+def critical_path_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> CriticalPathResult | Absent:
+    """The critical path of each step across ranks: its pieces, by part and by rank."""
+    rg = run_graph(store, run, ranks)
+    if rg is None:
+        return Absent("no step windows: a critical path runs from a step's start to its end")
+    return CriticalPathResult(tuple(paths_of(rg)), rg)

@@ -1,0 +1,286 @@
+"""Replay a step's graph with changed durations: what the step would take "if".
+
+The graph is :mod:`stepscope.analysis.critical_path`'s. Each rank starts the step when it did
+(aligned) and walks its marks in order:
+
+- the host's time between two marks is its measured time cut into the host breakdown's parts,
+  each scaled by the changes that name it;
+- a collective **arrives** its issue's replayed time plus its measured issue delay; a matched
+  instance **ends** on each member at the latest replayed arrival plus that member's measured
+  time after the last arrival (its transfer; scaled by ``comm_transfer``/``communication_transfer``);
+  an unmatched collective, or a send (gloo completes it without its recv), ends its whole (scaled)
+  duration after its arrival; a recv waits for its send only;
+- a **wait** ends at the later of when the host got there and the awaited work's replayed end,
+  plus what it measured after that end; work the host waits for on the GPU is the GPU's measured
+  time from the wait's start to that end, cut into the GPU breakdown's parts, scaled.
+
+A step's replayed time is the mean over its ranks of (replayed end - start), as the step basis
+means windows. Unchanged, the replay gives back each step as measured up to what the model
+cannot express (lanes queued behind one another, clocks off by less than the matching corrects,
+a collective starting before its issue); that difference, over the run's steps, is the **error
+bar** printed with every prediction (docs/ANALYSIS.md, "Critical path and what-if").
+
+Changes (``--change`` of ``stepscope whatif``, :func:`parse_change`):
+
+- ``PART*F``: scale a part of the catalogue (GPU or host) by ``F`` on every rank; ``rank 3:
+  PART*F`` (or ``rank 3,5: ...``) on those ranks only;
+- ``rank R: on time``: remove rank R's lateness: before each collective it arrived at after every
+  other member, its host time since its previous wait shrinks by how late it was;
+- ``copies hidden``: every exposed copy and memset part scaled to 0 (copies moved under compute);
+- ``no launch gaps``: the GPU's idle time scaled to 0 (the host always launched in time).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from stepscope.analysis.critical_path import (Collective, Mark, RankStep, RunGraph, Segments, StepGraph,
+                                              binding_members, last_arrival, run_graph)
+from stepscope.analysis.sections import SQLStore
+from stepscope.errors import UsageError
+from stepscope.store.rankstats.parts import COMM_TRANSFER, COMMUNICATION_TRANSFER, GPU, HOST, IDLE
+
+_TRANSFERS = (COMM_TRANSFER.name, COMMUNICATION_TRANSFER.name)
+_NAMES = {*(p.name for b in (GPU, HOST) for p in b.parts), *_TRANSFERS}
+"""What a change can scale: the parts the replay cuts time into (each breakdown's parts, and the
+transfer of a collective after its last arrival)."""
+_COPIES = tuple(p.name for p in GPU.parts if p.name.startswith(("memcpy_", "memset_")))
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change: scale ``parts`` by ``factor`` on ``ranks`` (all when None), or ``on_time``."""
+
+    text: str
+    parts: tuple[str, ...] = ()
+    factor: float = 1.0
+    ranks: frozenset[int] | None = None
+    on_time: bool = False
+
+
+_RANKS = re.compile(r"^\s*rank\s+([\d,\s]+):\s*(.*)$", re.I)
+_SCALE = re.compile(r"^([a-z0-9_]+)\s*\*\s*([0-9]*\.?[0-9]+)$", re.I)
+
+
+def parse_change(text: str) -> Change:
+    """A change from its text (module docs); a :class:`UsageError` names what is wrong."""
+    ranks: frozenset[int] | None = None
+    body = text.strip()
+    m = _RANKS.match(body)
+    if m:
+        ranks = frozenset(int(r) for r in re.split(r"[,\s]+", m.group(1).strip()) if r)
+        body = m.group(2).strip()
+    low = body.lower()
+    if low == "on time":
+        if ranks is None:
+            raise UsageError(f"change {text!r}: 'on time' needs the ranks it is about ('rank 7: on time')")
+        return Change(text, ranks=ranks, on_time=True)
+    if low == "copies hidden":
+        return Change(text, _COPIES, 0.0, ranks)
+    if low == "no launch gaps":
+        return Change(text, (IDLE.name,), 0.0, ranks)
+    s = _SCALE.match(body)
+    if not s:
+        raise UsageError(f"change {text!r}: expected PART*FACTOR, 'rank R: on time', 'copies hidden' or "
+                         "'no launch gaps'")
+    part = s.group(1).lower()
+    if part not in _NAMES:
+        raise UsageError(f"change {text!r}: {part!r} is not a part of the catalogue ({', '.join(sorted(_NAMES))})")
+    parts = _TRANSFERS if part in _TRANSFERS else (part,)
+    return Change(text, parts, float(s.group(2)), ranks)
+
+
+@dataclass
+class _Factors:
+    """Each (rank, part)'s factor, and each rank's on-time windows."""
+
+    changes: Sequence[Change]
+
+    def of(self, rank: int, part: str) -> float:
+        f = 1.0
+        for c in self.changes:
+            if not c.on_time and part in c.parts and (c.ranks is None or rank in c.ranks):
+                f *= c.factor
+        return f
+
+    def on_time(self, rank: int) -> bool:
+        return any(c.on_time and rank in (c.ranks or ()) for c in self.changes)
+
+
+@dataclass
+class _RankState:
+    rs: RankStep
+    i: int = 0
+    t: float = 0.0
+    """Replayed time of the host at its measured time ``at``."""
+    at: int = 0
+    shrink: dict[int, float] = field(default_factory=dict)
+    """Mark index -> factor of the host time before it (on-time ranks)."""
+    done: bool = False
+
+
+def _scaled(seg: Segments, f: _Factors, rank: int, breakdown: str, t0: int, t1: int, shift: int) -> float:
+    if t1 <= t0:
+        return 0.0
+    return sum(ns * f.of(rank, part) for part, ns in seg.cut(rank, breakdown, t0, t1, shift).items())
+
+
+def _shrinks(g: StepGraph, rs: RankStep) -> dict[int, float]:
+    """Mark index -> the factor removing the rank's lateness from its host time before that issue."""
+    out: dict[int, float] = {}
+    since = rs.start
+    for i, m in enumerate(rs.marks):
+        if m.kind == "wait":
+            since = m.t_end
+            continue
+        others = [c.ts for c in g.instances.get(m.dep.inst, []) if c.rank != rs.rank] if m.dep and m.dep.inst else []
+        if not others:
+            continue
+        late = m.dep.ts - max(others)
+        busy = m.t - since
+        if late > 0 and busy > 0:
+            out[i] = max(0.0, 1 - late / busy)
+    return out
+
+
+def replay_step(g: StepGraph, seg: Segments, shift: dict[int, int], changes: Sequence[Change]) -> float:
+    """The replayed step of graph ``g`` (mean over ranks of replayed end - start, ns)."""
+    f = _Factors(changes)
+    states = {r: _RankState(rs, t=float(rs.start), at=rs.start) for r, rs in g.ranks.items()}
+    for st in states.values():
+        if f.on_time(st.rs.rank):
+            st.shrink = _shrinks(g, st.rs)
+    arrive: dict[int, float] = {}
+    ends: dict[int, float] = {}
+
+    def host(st: _RankState, upto: int) -> None:
+        r = st.rs.rank
+        k = st.shrink.get(st.i, 1.0)
+        st.t += k * _scaled(seg, f, r, "host", st.at, upto, shift.get(r, 0))
+        st.at = max(st.at, upto)
+
+    def end_of(c: Collective, force: bool) -> float | None:
+        if id(c) in ends:
+            return ends[id(c)]
+        last = last_arrival(g, c)
+        tf = f.of(c.rank, COMMUNICATION_TRANSFER.name if c.host_side else COMM_TRANSFER.name)
+        a = arrive.get(id(c), float(c.ts))
+        if last is None:
+            value = a + (c.end - c.ts) * tf
+        else:
+            members = binding_members(g, c)
+            if not force and any(id(m) not in arrive for m in members):
+                return None
+            latest = max(arrive.get(id(m), float(m.ts)) for m in members)
+            value = latest + max(c.end - last.ts, 0) * tf
+        ends[id(c)] = value
+        return value
+
+    def advance(st: _RankState, force: bool) -> bool:
+        moved = False
+        marks = st.rs.marks
+        while st.i < len(marks):
+            m: Mark = marks[st.i]
+            r = st.rs.rank
+            if m.kind == "issue":
+                host(st, m.t)
+                if m.dep is not None:
+                    arrive[id(m.dep)] = st.t + max(m.dep.ts - m.t, 0)
+            else:
+                host(st, m.t)
+                dep_end = m.dep_end if m.dep_end is not None else m.t
+                if m.dep is not None:
+                    e = end_of(m.dep, force)
+                    if e is None:
+                        return moved
+                    st.t = max(st.t, e + max(m.t_end - dep_end, 0))
+                else:
+                    st.t += (_scaled(seg, f, r, "gpu", m.t, dep_end, shift.get(r, 0))
+                             + max(m.t_end - max(dep_end, m.t), 0))
+                st.at = m.t_end
+            st.i += 1
+            moved = True
+        host(st, st.rs.end)
+        st.done = True
+        return True
+
+    while not all(s.done for s in states.values()):
+        progress = False
+        for st in states.values():
+            if not st.done:
+                progress |= advance(st, force=False)
+        if not progress:
+            stuck = next(s for s in states.values() if not s.done)
+            advance(stuck, force=True)
+    return sum(s.t - s.rs.start for s in states.values()) / len(states)
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """One step: measured (mean window over ranks), replayed unchanged, replayed with the changes."""
+
+    step: int
+    measured_ns: float
+    unchanged_ns: float
+    predicted_ns: float
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """A what-if over a run: its steps, the means, and the error bar (the unchanged replay's mean
+    absolute difference to the measured steps, ns; also as a fraction of the measured mean)."""
+
+    run: str
+    changes: tuple[str, ...]
+    steps: tuple[StepPrediction, ...]
+    measured_ns: float
+    unchanged_ns: float
+    predicted_ns: float
+    error_ns: float
+
+    @property
+    def error_share(self) -> float:
+        return self.error_ns / self.measured_ns if self.measured_ns else 0.0
+
+    @property
+    def saving_ns(self) -> float:
+        """What the changes save per step (unchanged replay minus changed replay)."""
+        return self.unchanged_ns - self.predicted_ns
+
+    def to_json(self) -> dict[str, object]:
+        return {"run": self.run, "changes": list(self.changes), "measured_ns": round(self.measured_ns),
+                "unchanged_ns": round(self.unchanged_ns), "predicted_ns": round(self.predicted_ns),
+                "saving_ns": round(self.saving_ns), "error_ns": round(self.error_ns),
+                "steps": [{"step": s.step, "measured_ns": round(s.measured_ns), "unchanged_ns": round(s.unchanged_ns),
+                           "predicted_ns": round(s.predicted_ns)} for s in self.steps]}
+
+
+def what_if(store: SQLStore, run: str, changes: Sequence[str | Change] = (),
+            ranks: Sequence[int] | None = None) -> WhatIf | None:
+    """Replay ``run``'s steps with ``changes`` (texts as ``--change`` takes them, or
+    :class:`Change`); None when the run has no step with a rank window."""
+    parsed = [c if isinstance(c, Change) else parse_change(c) for c in changes]
+    rg = run_graph(store, run, ranks)
+    return replay(rg, run, parsed) if rg is not None else None
+
+
+def replay(rg: RunGraph, run: str, changes: Sequence[Change]) -> WhatIf:
+    """Replay every step of ``rg`` unchanged and with ``changes`` (module docs)."""
+    rg.segments.load(sorted({r for g in rg.graphs.values() for r in g.ranks}))
+    steps = []
+    for s in sorted(rg.graphs):
+        g = rg.graphs[s]
+        measured = sum(r.end - r.start for r in g.ranks.values()) / len(g.ranks)
+        steps.append(StepPrediction(s, measured, replay_step(g, rg.segments, rg.shift, ()),
+                                    replay_step(g, rg.segments, rg.shift, changes)))
+    n = len(steps)
+    by: dict[str, float] = defaultdict(float)
+    for p in steps:
+        by["m"] += p.measured_ns / n
+        by["u"] += p.unchanged_ns / n
+        by["p"] += p.predicted_ns / n
+        by["e"] += abs(p.unchanged_ns - p.measured_ns) / n
+    return WhatIf(run, tuple(c.text for c in changes), tuple(steps), by["m"], by["u"], by["p"], by["e"])
