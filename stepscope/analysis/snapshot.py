@@ -18,8 +18,14 @@ Definitions (docs/ANALYSIS.md, "Memory snapshots"), per rank, snapshot and devic
   device's free bytes would have held the request (the bytes were there, not in one piece), else
   *live data*: what was allocated left too little.
 - *Activations*: allocations live at the peak whose stack has no backward frame (made in the
-  forward) and whose free came in the backward (the latest allocation before the free has a
-  backward frame: torch's autograd engine or a ``backward`` of torch).
+  forward) and whose free came in the backward: the latest event with a stack, at or before the
+  free, has a backward frame (torch's autograd engine, or a ``backward`` of torch). Events
+  without a stack do not change the phase: with Python-only stacks the autograd engine's thread
+  records none, so the allocations and frees of the backward carry no stack at all, and the
+  ``backward`` call that starts it is the last stack seen. When no stack of the history has a
+  backward frame, the backward cannot be told from the rest: activations are absent, with that
+  reason, never 0. (A peak after the backward, e.g. in the optimizer's step, holds no
+  activations: 0 is then the answer.)
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ NO_ROLES = "no memory roles recorded for this rank (the collector records them w
 NO_OOM = "the history holds no oom event"
 NO_TIMES = "the snapshot records no times (torch before 2.1)"
 NO_FREE_BLOCK = "no free block in the snapshot's segments"
+NO_BACKWARD = ("no stack in the history has a backward frame (the backward is outside the recorded history, "
+               "or was recorded without stacks): activations cannot be told from other memory")
 BEFORE_HISTORY = "(allocated before the recorded history)"
 NO_STACK = "(no stack recorded)"
 NO_USER_FRAME = "(no frame outside torch and the standard library)"
@@ -119,7 +127,11 @@ SELECT s.rank, s.source, s.device, n.events, p.peak AS peak_allocated_bytes, a.p
        b.allocated_end, b.largest_free, o.oom_seq, oc.size AS oom_request, oc.address AS oom_device_free,
        oc.allocated AS oom_allocated, oc.reserved AS oom_reserved, oc.ts_ns AS oom_ts_ns,
        (SELECT count(*) FROM ev e WHERE e.rank = s.rank AND e.source = s.source AND e.device = s.device
-                                     AND e.seq > o.oom_seq) AS events_after_oom
+                                     AND e.seq > o.oom_seq) AS events_after_oom,
+       EXISTS (SELECT 1 FROM ev e JOIN snapshot_stacks k ON k.rank = e.rank AND k.source = e.source
+                                                          AND k.stack_id = e.stack_id
+               WHERE k.run = $run AND e.rank = s.rank AND e.source = s.source AND e.device = s.device
+                 AND {BACKWARD_FRAME_SQL}) AS backward_seen
 FROM segments_end s LEFT JOIN net n USING (rank, source, device) LEFT JOIN peaks p USING (rank, source, device)
 LEFT JOIN at_peak a USING (rank, source, device) LEFT JOIN blocks_end b USING (rank, source, device)
 LEFT JOIN curve c ON c.rank = s.rank AND c.source = s.source AND c.device = s.device AND c.seq = a.peak_seq
@@ -178,7 +190,7 @@ backward AS (SELECT rank, source, stack_id, bool_or({BACKWARD_FRAME_SQL}) AS bac
              FROM snapshot_stacks WHERE run = $run AND {ranks_sql} GROUP BY ALL),
 phase AS (
   SELECT e.rank, e.source, e.device, e.seq,
-         last_value(CASE WHEN e.action = 'alloc' THEN coalesce(k.backward, false) END IGNORE NULLS)
+         last_value(k.backward IGNORE NULLS)
            OVER (PARTITION BY e.rank, e.source, e.device ORDER BY e.seq ROWS UNBOUNDED PRECEDING) AS in_backward
   FROM snapshot_events e LEFT JOIN backward k USING (rank, source, stack_id)
   WHERE e.run = $run AND {e_ranks_sql}),
@@ -256,7 +268,8 @@ def _record(s: dict[str, Any], curves: dict, frames: dict, live: list[dict[str, 
         "live_at_peak": _groups(peak_live, label, s["peak_allocated_bytes"]) if s["peak_seq"] is not None else None,
         "live_at_peak_by_role": (_groups(peak_live, lambda r: r["role"] or "other", None)
                                  if s["rank"] in roles_ranks and s["peak_seq"] is not None else None),
-        "activations_at_peak": _activations(peak_live, label) if s["peak_seq"] is not None else None,
+        "activations_at_peak": (_activations(peak_live, label) if s["peak_seq"] is not None and s["backward_seen"]
+                                else None),
         "reserved": {"basis": "the snapshot's segments and blocks, when it was taken",
                      "reserved_bytes": reserved, "allocated_bytes": allocated,
                      "reserved_unallocated_bytes": reserved - allocated, "segments": s["segments"],
@@ -268,6 +281,8 @@ def _record(s: dict[str, Any], curves: dict, frames: dict, live: list[dict[str, 
     if s["peak_seq"] is None:
         reasons.update(peak_allocated_bytes="the snapshot holds no history", peak_seq="the snapshot holds no history",
                        live_at_peak="the snapshot holds no history", activations_at_peak="the snapshot holds no history")
+    elif not s["backward_seen"]:
+        reasons["activations_at_peak"] = NO_BACKWARD
     if record["live_at_peak_by_role"] is None:
         reasons["live_at_peak_by_role"] = NO_ROLES
     if record["oom"] is None:
