@@ -31,9 +31,9 @@ def _user_frame(frames: list[dict[str, Any]]) -> str:
     return "(no frame outside torch and the standard library)" if frames else "(no stack recorded)"
 
 
-def replay(snapshot: dict[str, Any], device: int = 0) -> dict[str, Any]:
+def replay(snapshot: dict[str, Any], device: int = 0, top: int = 10) -> dict[str, Any]:
     """Walk one device's history: allocated and reserved after each event, the peak, and what
-    is live at the peak and at the first oom, by user frame."""
+    is live at the peak and at the first oom, by user frame (the ``top`` largest, the rest as one)."""
     entries = snapshot["device_traces"][device]
     segments = [s for s in snapshot["segments"] if s["device"] == device]
     allocated_end = sum(b["size"] for s in segments for b in s["blocks"] if b["state"] != "inactive")
@@ -51,7 +51,7 @@ def replay(snapshot: dict[str, Any], device: int = 0) -> dict[str, Any]:
             live[e["addr"]] = (e["size"], _user_frame(e["frames"]))
         elif e["action"] == "free_completed":
             live.pop(e["addr"], None)
-        moment = {"seq": seq, "allocated": allocated, "reserved": reserved, "by_frame": _by_frame(live, allocated)}
+        moment = {"seq": seq, "allocated": allocated, "reserved": reserved, "by_frame": _by_frame(live, allocated, top)}
         if out["peak"] is None or allocated > out["peak"]["allocated"]:
             out["peak"] = moment
         if e["action"] == "oom" and out["oom"] is None:

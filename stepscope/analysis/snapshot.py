@@ -206,17 +206,18 @@ WHERE a.seq <= c.cut AND (a.freed_seq IS NULL OR a.freed_seq > c.cut)
 GROUP BY ALL""", params).to_pylist()
 
 
-def _groups(rows: list[dict[str, Any]], key: Any, total: int | None) -> list[dict[str, Any]]:
-    """Rows summed by ``key(row)``, largest first, the first ``TOP_FRAMES`` and the rest as one;
-    ``total`` (the allocated bytes at the cut) adds what no recorded allocation explains."""
+def _groups(rows: list[dict[str, Any]], key: Any, total: int | None, top: int | None = TOP_FRAMES) -> list[dict[str, Any]]:
+    """Rows summed by ``key(row)``, largest first, the first ``top`` and the rest as one (all
+    when ``top`` is None); ``total`` (the allocated bytes at the cut) adds what no recorded
+    allocation explains."""
     sums: dict[str, list[int]] = {}
     for r in rows:
         s = sums.setdefault(key(r), [0, 0])
         s[0] += r["bytes"]
         s[1] += r["allocations"]
     ordered = sorted(sums.items(), key=lambda kv: (-kv[1][0], kv[0]))
-    out = [{"frame": k, "bytes": v[0], "allocations": v[1]} for k, v in ordered[:TOP_FRAMES]]
-    rest = ordered[TOP_FRAMES:]
+    out = [{"frame": k, "bytes": v[0], "allocations": v[1]} for k, v in ordered[:top]]
+    rest = ordered[top:] if top is not None else []
     if rest:
         out.append({"frame": f"({len(rest)} other frames)", "bytes": sum(v[0] for _, v in rest),
                     "allocations": sum(v[1] for _, v in rest)})
@@ -232,6 +233,16 @@ def _groups(rows: list[dict[str, Any]], key: Any, total: int | None) -> list[dic
 def snapshot_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe[SnapshotMemory]:
     """What filled the memory, per ingested memory snapshot: the exact allocated curve, its peak
     and what was live at it by user frame (and role), reserved against allocated, the OOM."""
+    return _snapshot_memory(store, run, ranks, TOP_FRAMES)
+
+
+def every_frame_at_peak(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[SnapshotMemory]:
+    """``snapshot_section``'s records with every user frame live at the peak and at the OOM
+    listed, none summed as "other frames" (what comparing two snapshots needs)."""
+    return _snapshot_memory(store, run, ranks, None)
+
+
+def _snapshot_memory(store: SQLStore, run: str, ranks: Sequence[int] | None, top: int | None) -> Maybe[SnapshotMemory]:
     ranks_sql, rank_params = rank_filter(ranks)
     params = {"run": run, **rank_params}
     snapshots = _snapshot_rows(store, ranks_sql, params)
@@ -244,11 +255,11 @@ def snapshot_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> 
     live = _live(store, ranks_sql, params, cuts)
     roles_ranks = {r["rank"] for r in store.sql(
         f"SELECT DISTINCT rank FROM memory_roles WHERE run = $run AND {ranks_sql}", params).to_pylist()}
-    return SnapshotMemory(tuple(_record(s, curves, frames, live, roles_ranks) for s in snapshots))
+    return SnapshotMemory(tuple(_record(s, curves, frames, live, roles_ranks, top) for s in snapshots))
 
 
 def _record(s: dict[str, Any], curves: dict, frames: dict, live: list[dict[str, Any]],
-            roles_ranks: set[int]) -> dict[str, Any]:
+            roles_ranks: set[int], top: int | None) -> dict[str, Any]:
     key = (s["rank"], s["source"], s["device"])
 
     def label(r: dict[str, Any]) -> str:
@@ -265,7 +276,7 @@ def _record(s: dict[str, Any], curves: dict, frames: dict, live: list[dict[str, 
         "peak_allocated_bytes": s["peak_allocated_bytes"], "peak_seq": s["peak_seq"], "peak_ts_ns": _known(s["peak_ts_ns"], NO_TIMES),
         "reserved_at_peak_bytes": s["reserved_at_peak_bytes"],
         "curve": curves.get(key, []),
-        "live_at_peak": _groups(peak_live, label, s["peak_allocated_bytes"]) if s["peak_seq"] is not None else None,
+        "live_at_peak": _groups(peak_live, label, s["peak_allocated_bytes"], top) if s["peak_seq"] is not None else None,
         "live_at_peak_by_role": (_groups(peak_live, lambda r: r["role"] or "other", None)
                                  if s["rank"] in roles_ranks and s["peak_seq"] is not None else None),
         "activations_at_peak": (_activations(peak_live, label) if s["peak_seq"] is not None and s["backward_seen"]
