@@ -405,3 +405,26 @@ def memory_activations(results: Results) -> Iterator[Finding]:
                       {"device": s["device"], "bytes": acts["bytes"], "peak_allocated_bytes": peak,
                        "frames": [g["frame"] for g in acts["by_frame"]],
                        "frame_bytes": [g["bytes"] for g in acts["by_frame"]]}, ranks=(s["rank"],))
+
+
+def snapshot_segments(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[Any]:
+    """The allocator's segments when the snapshot was taken, one row each (largest first):
+    reserved (``total_size``), allocated (blocks not ``inactive``), free, the largest free block,
+    the blocks, and whether the segment is expandable. The Memory page draws them."""
+    ranks_sql, rank_params = rank_filter(ranks)
+    s_ranks_sql = rank_filter(ranks, "s.rank")[0]
+    params = {"run": run, **rank_params}
+    table = store.sql(f"""
+WITH b AS (
+  SELECT rank, source, device, segment_address,
+         CAST(coalesce(sum(size) FILTER (WHERE state <> 'inactive'), 0) AS BIGINT) AS allocated_bytes,
+         max(size) FILTER (WHERE state = 'inactive') AS largest_free_block_bytes, count(*) AS blocks
+  FROM snapshot_blocks WHERE run = $run AND {ranks_sql} GROUP BY ALL)
+SELECT s.rank, s.source, s.device, s.address, s.total_size AS reserved_bytes,
+       coalesce(b.allocated_bytes, 0) AS allocated_bytes, s.total_size - coalesce(b.allocated_bytes, 0) AS free_bytes,
+       b.largest_free_block_bytes, coalesce(b.blocks, 0) AS blocks, s.segment_type, s.is_expandable
+FROM snapshot_segments s LEFT JOIN b ON b.rank = s.rank AND b.source = s.source AND b.device = s.device
+                                     AND b.segment_address = s.address
+WHERE s.run = $run AND {s_ranks_sql}
+ORDER BY s.rank, s.source, s.device, s.total_size DESC, s.address""", params)
+    return Absent(NO_SNAPSHOT) if table.num_rows == 0 else table
