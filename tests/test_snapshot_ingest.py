@@ -238,3 +238,20 @@ def test_bools_in_history_values_read_as_integers_in_either_path(tmp_path: Path)
     path = tmp_path / "bool.pickle"
     path.write_bytes(pickle.dumps(snapshot))
     assert reader.read_snapshot(path).history.column("stream")[0].as_py() == 1
+
+
+def test_frame_lists_that_hold_themselves_cost_one_line(tmp_path: Path) -> None:
+    """The bulk path compares neighbouring frame lists (``list == list``): on lists holding
+    themselves that recurses without end; the file is still refused in one line."""
+    from stepscope.errors import TraceFormatError
+
+    snapshot = _snapshots.build("2.5", repeat=3)
+    a: list[Any] = []
+    a.append(a)
+    b: list[Any] = []
+    b.append(b)
+    snapshot["device_traces"][0][3]["frames"], snapshot["device_traces"][0][4]["frames"] = [a], [b]
+    path = tmp_path / "loop.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    with pytest.raises(TraceFormatError, match="a frame is not an object"):
+        reader.read_snapshot(path)

@@ -184,18 +184,20 @@ class _Taker:
         try:
             fields = list(zip(*map(_FIELDS, entries)))  # TypeError on a non-dict, KeyError on a missing field
             columns, stacks = self._columns(fields)
-        except (TypeError, KeyError, ValueError, OverflowError, pa.ArrowException):
+        except (TypeError, KeyError, ValueError, OverflowError, RecursionError, pa.ArrowException):
+            # RecursionError: ``list == list`` on frame lists that hold themselves (a hostile file)
             fields = list(zip(*map(_row, entries)))
-            columns, stacks = self._columns(fields)
+            columns, stacks = self._columns(fields, bulk=False)
         self._empty(entries, fields[5], stacks)
         self.history.add(columns)
 
-    def _columns(self, fields: list[tuple[Any, ...]]) -> tuple[tuple[pa.Array, ...], list[int]]:
-        """The batch's columns and stack ids from its six fields (``zip(*entries' fields)``)."""
+    def _columns(self, fields: list[tuple[Any, ...]], bulk: bool = True) -> tuple[tuple[pa.Array, ...], list[int]]:
+        """The batch's columns and stack ids from its six fields (``zip(*entries' fields)``);
+        the stacks in bulk, or (``bulk`` False) one by one, comparing no two lists."""
         actions, addresses, sizes, streams, times, frames = fields
         if set(map(type, frames)) - {list} or set(map(type, chain(addresses, sizes, streams, times))) - _INTEGER:
             raise TypeError("a history entry is not as torch writes it")  # ``_row`` says what
-        stacks = self.stacks.stack_ids(frames)
+        stacks = self.stacks.stack_ids(frames) if bulk else list(map(self.stacks.stack_id, frames))
         codes = self._codes
         for action in set(actions) - codes.keys():
             self._new_action(action)
