@@ -85,8 +85,8 @@ def build(version: str = "2.5", *, devices: int = 1, expandable: bool = False, o
             event("alloc", a, 8 * MB, frames.stack(2, 3, 1, 0))
             event("alloc", b, 2 * MB, frames.stack(0, 1))
             event("alloc", g, 1 * MB, frames.stack(backward=True))
-            event("free_requested", a, 8 * MB, frames.stack(0))
-            event("free_completed", a, 8 * MB, frames.stack(0))
+            event("free_requested", a, 8 * MB, frames.stack(backward=True))  # freed by the autograd engine
+            event("free_completed", a, 8 * MB, frames.stack(backward=True))
             event("alloc", c, 4 * MB, frames.stack(2, 1, 0))
             event("free_requested", c, 4 * MB, [])
             event("free_completed", c, 4 * MB, [])

@@ -31,9 +31,9 @@ def _user_frame(frames: list[dict[str, Any]]) -> str:
     return "(no frame outside torch and the standard library)" if frames else "(no stack recorded)"
 
 
-def replay(snapshot: dict[str, Any], device: int = 0) -> dict[str, Any]:
+def replay(snapshot: dict[str, Any], device: int = 0, top: int = 10) -> dict[str, Any]:
     """Walk one device's history: allocated and reserved after each event, the peak, and what
-    is live at the peak and at the first oom, by user frame."""
+    is live at the peak and at the first oom, by user frame (the ``top`` largest, the rest as one)."""
     entries = snapshot["device_traces"][device]
     segments = [s for s in snapshot["segments"] if s["device"] == device]
     allocated_end = sum(b["size"] for s in segments for b in s["blocks"] if b["state"] != "inactive")
@@ -51,13 +51,43 @@ def replay(snapshot: dict[str, Any], device: int = 0) -> dict[str, Any]:
             live[e["addr"]] = (e["size"], _user_frame(e["frames"]))
         elif e["action"] == "free_completed":
             live.pop(e["addr"], None)
-        moment = {"seq": seq, "allocated": allocated, "reserved": reserved, "by_frame": _by_frame(live, allocated)}
+        moment = {"seq": seq, "allocated": allocated, "reserved": reserved, "by_frame": _by_frame(live, allocated, top)}
         if out["peak"] is None or allocated > out["peak"]["allocated"]:
             out["peak"] = moment
         if e["action"] == "oom" and out["oom"] is None:
             out["oom"] = {**moment, "request": e["size"], "device_free": e["addr"]}
     out["reserved_end"], out["allocated_end"] = reserved_end, allocated_end
     return out
+
+
+def _backward(frame: dict[str, Any]) -> bool:
+    """torch's autograd engine, or a ``backward`` of torch (``Tensor.backward``, ``autograd.backward``)."""
+    name, path = frame.get("name") or "", (frame.get("filename") or "").replace("\\", "/")
+    return name.startswith("torch::autograd::Engine::") or (name in ("backward", "_engine_run_backward")
+                                                             and "/torch/" in path)
+
+
+def activations(snapshot: dict[str, Any], peak_seq: int, device: int = 0) -> dict[str, int] | None:
+    """Bytes live at ``peak_seq`` allocated with a stack free of backward frames and freed while
+    the latest event with a stack had a backward frame, by user frame (``_by_frame``); None when no stack of the
+    history has a backward frame (the backward cannot be told)."""
+    entries = snapshot["device_traces"][device]
+    if not any(_backward(f) for e in entries for f in e.get("frames") or []):
+        return None
+    phase, in_backward = False, []
+    for e in entries:
+        if e.get("frames"):
+            phase = any(_backward(f) for f in e["frames"])
+        in_backward.append(phase)
+    held: dict[int, tuple[int, str]] = {}
+    for seq, e in enumerate(entries[:peak_seq + 1]):
+        if e["action"] != "alloc" or not e.get("frames") or any(_backward(f) for f in e["frames"]):
+            continue
+        freed = next((later for later in range(seq + 1, len(entries)) if entries[later]["addr"] == e["addr"]
+                      and entries[later]["action"] in ("alloc", "free_completed")), None)
+        if freed is not None and freed > peak_seq and in_backward[freed]:
+            held[seq] = (e["size"], _user_frame(e["frames"]))
+    return _by_frame(held, sum(size for size, _ in held.values()))
 
 
 def _by_frame(live: dict[int, tuple[int, str]], allocated: int, top: int = 10) -> dict[str, int]:
@@ -158,7 +188,39 @@ def test_real_snapshots_against_the_replay(tmp_path: Path, shared_traces: Path, 
     path = shared_traces / "memsnap" / name / "memory_snapshot.pickle"
     assert ingest_paths([path], tmp_path / "store", "r").ok
     [record] = snapshot_section(open_store(tmp_path / "store"), "r", None).snapshots
-    _check(record, replay(load_snapshot(path)))
+    snapshot = load_snapshot(path)
+    _check(record, replay(snapshot))
+    expected = activations(snapshot, record["peak_seq"])
+    assert expected is not None  # both record a backward frame
+    assert record["activations_at_peak"]["bytes"] == sum(expected.values())
+    assert {g["frame"]: g["bytes"] for g in record["activations_at_peak"]["by_frame"]} == expected
+
+
+def test_activations_on_the_real_snapshots_as_read_by_hand(tmp_path: Path, shared_traces: Path) -> None:
+    """Why each real snapshot has the activations it has (read from the raw pickles).
+    magma27 (Python-only stacks): the peak is the end of the forward (event 1402; ``loss.backward()``
+    is first seen at 1418), and the backward's allocations and frees carry no stack (the autograd
+    engine's thread has no Python frames), so most of the peak is activations.
+    bcrafton (C++ stacks): the peak (event 1843) is in the optimizer's step, after the last
+    backward allocation (1809): every activation is freed by then, so 0 is right."""
+    store = tmp_path / "store"
+    got = {}
+    for name in ("magma27_cs336", "bcrafton_cs336"):
+        assert ingest_paths([shared_traces / "memsnap" / name / "memory_snapshot.pickle"], store, name).ok
+        [got[name]] = snapshot_section(open_store(store), name, None).snapshots
+    magma, bcrafton = got["magma27_cs336"], got["bcrafton_cs336"]
+    assert magma["peak_seq"] == 1402 and magma["activations_at_peak"]["bytes"] > 0.5 * magma["peak_allocated_bytes"]
+    assert bcrafton["peak_seq"] == 1843 and bcrafton["activations_at_peak"]["bytes"] == 0
+    assert bcrafton["live_at_peak"][0]["frame"].startswith("optimizer.py:")
+
+
+def test_without_a_backward_frame_activations_are_absent_not_0(tmp_path: Path) -> None:
+    snapshot = _snapshots.build("2.5")
+    for entry in snapshot["device_traces"][0]:
+        entry["frames"] = [f for f in entry["frames"] if not _backward(f)]
+    [record] = _section(tmp_path, snapshot)
+    assert activations(snapshot, record["peak_seq"]) is None
+    assert record["activations_at_peak"] is None and "backward frame" in record["absent_reasons"]["activations_at_peak"]
 
 
 def test_what_a_torch_2_0_snapshot_does_not_record_is_absent_with_its_reason(tmp_path: Path) -> None:

@@ -105,7 +105,7 @@ def test_streamed_reading_takes_entries_early_and_gives_the_same_columns(tmp_pat
     whole = reader.read_snapshot(path, stream=False)
     assert streamed.taken_early > len(streamed.history) // 2 and whole.taken_early == 0
     for column in ("action", "address", "size", "stream", "time_us", "stack"):
-        assert getattr(streamed.history, column) == getattr(whole.history, column), column
+        assert streamed.history.column(column) == whole.history.column(column), column
     assert streamed.history.device_rows == whole.history.device_rows == [4002, 4002]
     assert streamed.stacks.frames == whole.stacks.frames
 
@@ -213,3 +213,45 @@ def test_the_collector_reads_snapshots_with_the_stores_unpickler() -> None:
 
     assert memory_snapshot.SnapshotUnpickler is unpickle.SnapshotUnpickler
     assert memory_snapshot.load_snapshot is unpickle.load_snapshot
+
+
+@pytest.mark.parametrize(("field", "value", "problem"), [
+    ("addr", 1.5, "addr is not an integer"), ("size", "8", "size is not an integer"),
+    ("time_us", 2**63, "time_us is out of range"), ("frames", {"a": 1}, "frames is not a list")])
+def test_a_history_value_not_as_torch_writes_it_is_named(tmp_path: Path, field: str, value: Any, problem: str) -> None:
+    """The reader takes entries in bulk (pyarrow would truncate a float to an int): a value of
+    the wrong type or range still costs one line that names it, never a silently changed number."""
+    from stepscope.errors import TraceFormatError
+
+    snapshot = _snapshots.build("2.5", repeat=3)
+    snapshot["device_traces"][0][-2][field] = value
+    path = tmp_path / "odd.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    with pytest.raises(TraceFormatError, match=problem):
+        reader.read_snapshot(path)
+
+
+def test_bools_in_history_values_read_as_integers_in_either_path(tmp_path: Path) -> None:
+    """``True`` is an int to Python's pickle but not to pyarrow: the entry-by-entry path takes it."""
+    snapshot = _snapshots.build("2.5", repeat=3)
+    snapshot["device_traces"][0][0]["stream"] = True
+    path = tmp_path / "bool.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    assert reader.read_snapshot(path).history.column("stream")[0].as_py() == 1
+
+
+def test_frame_lists_that_hold_themselves_cost_one_line(tmp_path: Path) -> None:
+    """The bulk path compares neighbouring frame lists (``list == list``): on lists holding
+    themselves that recurses without end; the file is still refused in one line."""
+    from stepscope.errors import TraceFormatError
+
+    snapshot = _snapshots.build("2.5", repeat=3)
+    a: list[Any] = []
+    a.append(a)
+    b: list[Any] = []
+    b.append(b)
+    snapshot["device_traces"][0][3]["frames"], snapshot["device_traces"][0][4]["frames"] = [a], [b]
+    path = tmp_path / "loop.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    with pytest.raises(TraceFormatError, match="a frame is not an object"):
+        reader.read_snapshot(path)

@@ -18,8 +18,14 @@ Definitions (docs/ANALYSIS.md, "Memory snapshots"), per rank, snapshot and devic
   device's free bytes would have held the request (the bytes were there, not in one piece), else
   *live data*: what was allocated left too little.
 - *Activations*: allocations live at the peak whose stack has no backward frame (made in the
-  forward) and whose free came in the backward (the latest allocation before the free has a
-  backward frame: torch's autograd engine or a ``backward`` of torch).
+  forward) and whose free came in the backward: the latest event with a stack, at or before the
+  free, has a backward frame (torch's autograd engine, or a ``backward`` of torch). Events
+  without a stack do not change the phase: with Python-only stacks the autograd engine's thread
+  records none, so the allocations and frees of the backward carry no stack at all, and the
+  ``backward`` call that starts it is the last stack seen. When no stack of the history has a
+  backward frame, the backward cannot be told from the rest: activations are absent, with that
+  reason, never 0. (A peak after the backward, e.g. in the optimizer's step, holds no
+  activations: 0 is then the answer.)
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ NO_ROLES = "no memory roles recorded for this rank (the collector records them w
 NO_OOM = "the history holds no oom event"
 NO_TIMES = "the snapshot records no times (torch before 2.1)"
 NO_FREE_BLOCK = "no free block in the snapshot's segments"
+NO_BACKWARD = ("no stack in the history has a backward frame (the backward is outside the recorded history, "
+               "or was recorded without stacks): activations cannot be told from other memory")
 BEFORE_HISTORY = "(allocated before the recorded history)"
 NO_STACK = "(no stack recorded)"
 NO_USER_FRAME = "(no frame outside torch and the standard library)"
@@ -119,7 +127,11 @@ SELECT s.rank, s.source, s.device, n.events, p.peak AS peak_allocated_bytes, a.p
        b.allocated_end, b.largest_free, o.oom_seq, oc.size AS oom_request, oc.address AS oom_device_free,
        oc.allocated AS oom_allocated, oc.reserved AS oom_reserved, oc.ts_ns AS oom_ts_ns,
        (SELECT count(*) FROM ev e WHERE e.rank = s.rank AND e.source = s.source AND e.device = s.device
-                                     AND e.seq > o.oom_seq) AS events_after_oom
+                                     AND e.seq > o.oom_seq) AS events_after_oom,
+       EXISTS (SELECT 1 FROM ev e JOIN snapshot_stacks k ON k.rank = e.rank AND k.source = e.source
+                                                          AND k.stack_id = e.stack_id
+               WHERE k.run = $run AND e.rank = s.rank AND e.source = s.source AND e.device = s.device
+                 AND {BACKWARD_FRAME_SQL}) AS backward_seen
 FROM segments_end s LEFT JOIN net n USING (rank, source, device) LEFT JOIN peaks p USING (rank, source, device)
 LEFT JOIN at_peak a USING (rank, source, device) LEFT JOIN blocks_end b USING (rank, source, device)
 LEFT JOIN curve c ON c.rank = s.rank AND c.source = s.source AND c.device = s.device AND c.seq = a.peak_seq
@@ -178,7 +190,7 @@ backward AS (SELECT rank, source, stack_id, bool_or({BACKWARD_FRAME_SQL}) AS bac
              FROM snapshot_stacks WHERE run = $run AND {ranks_sql} GROUP BY ALL),
 phase AS (
   SELECT e.rank, e.source, e.device, e.seq,
-         last_value(CASE WHEN e.action = 'alloc' THEN coalesce(k.backward, false) END IGNORE NULLS)
+         last_value(k.backward IGNORE NULLS)
            OVER (PARTITION BY e.rank, e.source, e.device ORDER BY e.seq ROWS UNBOUNDED PRECEDING) AS in_backward
   FROM snapshot_events e LEFT JOIN backward k USING (rank, source, stack_id)
   WHERE e.run = $run AND {e_ranks_sql}),
@@ -194,17 +206,18 @@ WHERE a.seq <= c.cut AND (a.freed_seq IS NULL OR a.freed_seq > c.cut)
 GROUP BY ALL""", params).to_pylist()
 
 
-def _groups(rows: list[dict[str, Any]], key: Any, total: int | None) -> list[dict[str, Any]]:
-    """Rows summed by ``key(row)``, largest first, the first ``TOP_FRAMES`` and the rest as one;
-    ``total`` (the allocated bytes at the cut) adds what no recorded allocation explains."""
+def _groups(rows: list[dict[str, Any]], key: Any, total: int | None, top: int | None = TOP_FRAMES) -> list[dict[str, Any]]:
+    """Rows summed by ``key(row)``, largest first, the first ``top`` and the rest as one (all
+    when ``top`` is None); ``total`` (the allocated bytes at the cut) adds what no recorded
+    allocation explains."""
     sums: dict[str, list[int]] = {}
     for r in rows:
         s = sums.setdefault(key(r), [0, 0])
         s[0] += r["bytes"]
         s[1] += r["allocations"]
     ordered = sorted(sums.items(), key=lambda kv: (-kv[1][0], kv[0]))
-    out = [{"frame": k, "bytes": v[0], "allocations": v[1]} for k, v in ordered[:TOP_FRAMES]]
-    rest = ordered[TOP_FRAMES:]
+    out = [{"frame": k, "bytes": v[0], "allocations": v[1]} for k, v in ordered[:top]]
+    rest = ordered[top:] if top is not None else []
     if rest:
         out.append({"frame": f"({len(rest)} other frames)", "bytes": sum(v[0] for _, v in rest),
                     "allocations": sum(v[1] for _, v in rest)})
@@ -220,6 +233,16 @@ def _groups(rows: list[dict[str, Any]], key: Any, total: int | None) -> list[dic
 def snapshot_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> Maybe[SnapshotMemory]:
     """What filled the memory, per ingested memory snapshot: the exact allocated curve, its peak
     and what was live at it by user frame (and role), reserved against allocated, the OOM."""
+    return _snapshot_memory(store, run, ranks, TOP_FRAMES)
+
+
+def every_frame_at_peak(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[SnapshotMemory]:
+    """``snapshot_section``'s records with every user frame live at the peak and at the OOM
+    listed, none summed as "other frames" (what comparing two snapshots needs)."""
+    return _snapshot_memory(store, run, ranks, None)
+
+
+def _snapshot_memory(store: SQLStore, run: str, ranks: Sequence[int] | None, top: int | None) -> Maybe[SnapshotMemory]:
     ranks_sql, rank_params = rank_filter(ranks)
     params = {"run": run, **rank_params}
     snapshots = _snapshot_rows(store, ranks_sql, params)
@@ -232,11 +255,11 @@ def snapshot_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> 
     live = _live(store, ranks_sql, params, cuts)
     roles_ranks = {r["rank"] for r in store.sql(
         f"SELECT DISTINCT rank FROM memory_roles WHERE run = $run AND {ranks_sql}", params).to_pylist()}
-    return SnapshotMemory(tuple(_record(s, curves, frames, live, roles_ranks) for s in snapshots))
+    return SnapshotMemory(tuple(_record(s, curves, frames, live, roles_ranks, top) for s in snapshots))
 
 
 def _record(s: dict[str, Any], curves: dict, frames: dict, live: list[dict[str, Any]],
-            roles_ranks: set[int]) -> dict[str, Any]:
+            roles_ranks: set[int], top: int | None) -> dict[str, Any]:
     key = (s["rank"], s["source"], s["device"])
 
     def label(r: dict[str, Any]) -> str:
@@ -253,10 +276,11 @@ def _record(s: dict[str, Any], curves: dict, frames: dict, live: list[dict[str, 
         "peak_allocated_bytes": s["peak_allocated_bytes"], "peak_seq": s["peak_seq"], "peak_ts_ns": _known(s["peak_ts_ns"], NO_TIMES),
         "reserved_at_peak_bytes": s["reserved_at_peak_bytes"],
         "curve": curves.get(key, []),
-        "live_at_peak": _groups(peak_live, label, s["peak_allocated_bytes"]) if s["peak_seq"] is not None else None,
+        "live_at_peak": _groups(peak_live, label, s["peak_allocated_bytes"], top) if s["peak_seq"] is not None else None,
         "live_at_peak_by_role": (_groups(peak_live, lambda r: r["role"] or "other", None)
                                  if s["rank"] in roles_ranks and s["peak_seq"] is not None else None),
-        "activations_at_peak": _activations(peak_live, label) if s["peak_seq"] is not None else None,
+        "activations_at_peak": (_activations(peak_live, label) if s["peak_seq"] is not None and s["backward_seen"]
+                                else None),
         "reserved": {"basis": "the snapshot's segments and blocks, when it was taken",
                      "reserved_bytes": reserved, "allocated_bytes": allocated,
                      "reserved_unallocated_bytes": reserved - allocated, "segments": s["segments"],
@@ -268,6 +292,8 @@ def _record(s: dict[str, Any], curves: dict, frames: dict, live: list[dict[str, 
     if s["peak_seq"] is None:
         reasons.update(peak_allocated_bytes="the snapshot holds no history", peak_seq="the snapshot holds no history",
                        live_at_peak="the snapshot holds no history", activations_at_peak="the snapshot holds no history")
+    elif not s["backward_seen"]:
+        reasons["activations_at_peak"] = NO_BACKWARD
     if record["live_at_peak_by_role"] is None:
         reasons["live_at_peak_by_role"] = NO_ROLES
     if record["oom"] is None:
@@ -379,3 +405,26 @@ def memory_activations(results: Results) -> Iterator[Finding]:
                       {"device": s["device"], "bytes": acts["bytes"], "peak_allocated_bytes": peak,
                        "frames": [g["frame"] for g in acts["by_frame"]],
                        "frame_bytes": [g["bytes"] for g in acts["by_frame"]]}, ranks=(s["rank"],))
+
+
+def snapshot_segments(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> Maybe[Any]:
+    """The allocator's segments when the snapshot was taken, one row each (largest first):
+    reserved (``total_size``), allocated (blocks not ``inactive``), free, the largest free block,
+    the blocks, and whether the segment is expandable. The Memory page draws them."""
+    ranks_sql, rank_params = rank_filter(ranks)
+    s_ranks_sql = rank_filter(ranks, "s.rank")[0]
+    params = {"run": run, **rank_params}
+    table = store.sql(f"""
+WITH b AS (
+  SELECT rank, source, device, segment_address,
+         CAST(coalesce(sum(size) FILTER (WHERE state <> 'inactive'), 0) AS BIGINT) AS allocated_bytes,
+         max(size) FILTER (WHERE state = 'inactive') AS largest_free_block_bytes, count(*) AS blocks
+  FROM snapshot_blocks WHERE run = $run AND {ranks_sql} GROUP BY ALL)
+SELECT s.rank, s.source, s.device, s.address, s.total_size AS reserved_bytes,
+       coalesce(b.allocated_bytes, 0) AS allocated_bytes, s.total_size - coalesce(b.allocated_bytes, 0) AS free_bytes,
+       b.largest_free_block_bytes, coalesce(b.blocks, 0) AS blocks, s.segment_type, s.is_expandable
+FROM snapshot_segments s LEFT JOIN b ON b.rank = s.rank AND b.source = s.source AND b.device = s.device
+                                     AND b.segment_address = s.address
+WHERE s.run = $run AND {s_ranks_sql}
+ORDER BY s.rank, s.source, s.device, s.total_size DESC, s.address""", params)
+    return Absent(NO_SNAPSHOT) if table.num_rows == 0 else table

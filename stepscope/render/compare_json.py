@@ -72,6 +72,7 @@ def to_json(comparison: Comparison, verdict: Verdict) -> dict[str, Any]:
         "collectives": _named(c.collectives, "busbw_gbps", "count"),
         "copies": _named(c.copies, "bandwidth_gbps", "bytes"),
         "findings": [f.to_json() for f in c.findings],
+        **({} if c.snapshots is None else {"snapshots": c.snapshots}),
     })
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stepscope.render.compare_snapshots import snapshot_tables
 from stepscope.render.table import Table
 from stepscope.units import format_delta, format_value, signed_percent
 
@@ -120,4 +121,5 @@ def tables(doc: dict[str, Any]) -> list[Table]:
         named_table(doc, "collectives", "Collectives (bus bandwidth)", "gbps", "collective"),
         named_table(doc, "copies", "Copies (bandwidth)", "gbps", "copy"),
         comparability_table(doc),
+        *snapshot_tables(doc),
     ]

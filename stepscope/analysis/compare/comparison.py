@@ -19,11 +19,12 @@ comparison is data, the gate is the decision.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.compare.budgets import COPY_DIRECTIONS
 from stepscope.analysis.compare.comparability import Check, comparability
+from stepscope.analysis.compare.snapshots import compare_snapshots
 from stepscope.analysis.compare.metrics import (
     RunFacts,
     NamedStat,
@@ -176,6 +177,9 @@ class Comparison:
     """Every run of the baseline side, oldest first (``baseline`` is the newest's facts)."""
     candidate_runs: tuple[str, ...] = ()
     """Every run of the candidate side, in the order judged (``candidate`` is the first's)."""
+    snapshots: dict[str, object] | None = None
+    """The memory snapshots of both sides (:mod:`~stepscope.analysis.compare.snapshots`); None
+    when neither side holds one, or when not looked for (:func:`compare_profiles` alone)."""
 
     @property
     def comparable(self) -> bool:
@@ -389,7 +393,8 @@ def compare_sides(base: RunRefs, cand: RunRefs, *, alpha: float = ALPHA) -> Comp
     time, wall time: :data:`~stepscope.analysis.compare.metrics.STEP_MEASURES`), else from the
     profiled steps' windows of all."""
     source = side_source(base, cand)
-    return compare_profiles(profiles(base, source), profiles(cand, source), alpha=alpha)
+    return replace(compare_profiles(profiles(base, source), profiles(cand, source), alpha=alpha),
+                   snapshots=compare_snapshots(base, cand))
 
 
 def compare_runs(base_store: SQLStore, base_run: str, cand_store: SQLStore, cand_run: str,

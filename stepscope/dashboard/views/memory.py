@@ -10,6 +10,7 @@ from stepscope.analysis.breakdown import step_windows
 from stepscope.analysis.memory import memory_section, memory_timeline
 from stepscope.dashboard._data import context
 from stepscope.dashboard._filters import select
+from stepscope.dashboard._snapshot_view import snapshot_part
 from stepscope.dashboard._view import GIB, NS_PER_MS, chart, data_table, frame, guarded, ns_to_ms, shown, with_units
 
 ctx = context()
@@ -103,3 +104,6 @@ with guarded("Memory"):
         if shown(result.snapshot, "Allocator snapshot"):
             st.subheader("CUDA allocator snapshot")
             data_table(select(frame(result.snapshot), ctx, step=None))
+
+with guarded("Memory snapshot"):
+    snapshot_part(ctx)

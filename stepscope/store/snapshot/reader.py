@@ -22,11 +22,16 @@ from __future__ import annotations
 import gc
 import hashlib
 from array import array
-from collections.abc import Iterable
+from collections import deque
 from dataclasses import dataclass, field
-from operator import itemgetter
+from itertools import chain, compress, repeat
+from operator import eq, itemgetter, not_, setitem
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from stepscope.errors import TraceFormatError
 from stepscope.store.constants import INT64_MIN
@@ -35,9 +40,9 @@ from stepscope.store.snapshot.unpickle import SnapshotUnpickler, checked_snapsho
 
 SCAN_BYTES = 16 << 20
 """Input read between two takes of the completed entries: what is held in full between them."""
-NULL = INT64_MIN
-"""A value absent from an entry, in the integer columns (made null when the table is built)."""
 NO_STACK = -1
+_INTEGER = {int, type(None)}
+"""The types of a history entry's integer fields (pyarrow would also take a float, truncated)."""
 _FIELDS = itemgetter("action", "addr", "size", "stream", "time_us", "frames")
 
 Frame = tuple[Any, Any, Any]
@@ -50,32 +55,70 @@ class _Reordered(Exception):
 
 @dataclass
 class History:
-    """The allocator's event history as columns, in the file's order (device by device)."""
+    """The allocator's event history as columns, in the file's order (device by device): one
+    pyarrow chunk per batch taken. ``action`` holds codes into ``actions``; the integer columns
+    are null where an entry has no value; ``stack`` is ``NO_STACK`` for an entry without one."""
 
     actions: list[str] = field(default_factory=list)
-    action: array = field(default_factory=lambda: array("B"))
-    address: array = field(default_factory=lambda: array("q"))
-    size: array = field(default_factory=lambda: array("q"))
-    stream: array = field(default_factory=lambda: array("q"))
-    time_us: array = field(default_factory=lambda: array("q"))
-    stack: array = field(default_factory=lambda: array("q"))
+    action: list[pa.Array] = field(default_factory=list)
+    address: list[pa.Array] = field(default_factory=list)
+    size: list[pa.Array] = field(default_factory=list)
+    stream: list[pa.Array] = field(default_factory=list)
+    time_us: list[pa.Array] = field(default_factory=list)
+    stack: list[pa.Array] = field(default_factory=list)
     device_rows: list[int] = field(default_factory=list)
     """How many entries each device's list holds, in ``device_traces`` order."""
+    rows: int = 0
+
+    def add(self, columns: tuple[pa.Array, ...]) -> None:
+        """Append one batch's columns (in the order of the fields above)."""
+        for name, column in zip(("action", "address", "size", "stream", "time_us", "stack"), columns):
+            getattr(self, name).append(column)
+        self.rows += len(columns[0])
+
+    def column(self, name: str) -> pa.Array:
+        """One column whole (``action``: the codes)."""
+        chunks = getattr(self, name)
+        return pa.concat_arrays(chunks) if chunks else pa.array([], pa.uint8() if name == "action" else pa.int64())
 
     def __len__(self) -> int:
-        return len(self.action)
+        return self.rows
 
 
 class Stacks:
     """Each distinct stack once: its id is its position in ``frames``. Frame dicts are shared by
     the entries that hold them (torch writes each frame once, the pickle memo keeps it so), so a
-    stack is first looked up by the identities of its frame dicts, and only a new one by value."""
+    stack is first looked up by the identities of its frame dicts, and only a new one by value.
+
+    ``stack_ids`` looks a batch up by those identities with ``map`` over C functions, so only
+    a list not met before runs Python code (``stack_id``)."""
 
     def __init__(self) -> None:
         self.frames: list[tuple[Frame, ...]] = []
         self._by_value: dict[tuple[Frame, ...], int] = {}
-        self.by_ids: dict[tuple[int, ...], int] = {}
+        self.by_ids: dict[tuple[int, ...], int] = {(): NO_STACK}
         self._alive: list[tuple[Any, ...]] = []
+
+    def stack_ids(self, lists: Sequence[list[Any]]) -> list[int]:
+        """``stack_id`` of each of ``lists`` (frame lists, checked to be lists), in bulk. About
+        half of a history's entries have the stack of the entry before them (``free_requested``
+        then ``free_completed`` of one block, often the very same list): those are found by
+        comparing each list with the one before (``list == list``, identity first) and take
+        its id, so only the others are looked up."""
+        n = len(lists)
+        if n < 2:
+            return [self.stack_id(frames) for frames in lists]
+        new = [True, *map(not_, map(eq, lists[1:], lists[:-1]))]
+        heads = list(compress(lists, new))
+        ids = list(map(self.by_ids.get, map(tuple, map(map, repeat(id), heads))))
+        if None in ids:
+            for index in [i for i, found in enumerate(ids) if found is None]:
+                ids[index] = self.stack_id(heads[index])
+        if len(heads) == n:
+            return ids
+        spread: list[int | None] = [None] * n
+        deque(map(spread.__setitem__, compress(range(n), new), ids), maxlen=0)
+        return pc.fill_null_forward(pa.array(spread, pa.int64())).to_pylist()
 
     def stack_id(self, frames: Any) -> int:
         """The id of the stack ``frames`` (a list of frame dicts), or ``NO_STACK`` for none."""
@@ -119,45 +162,60 @@ def _frame(frame: Any) -> Frame:
 
 
 class _Taker:
-    """Moves history entries into ``History`` columns and empties them."""
+    """Moves history entries into ``History`` columns and empties them, a batch at a time.
+
+    The usual path runs no Python bytecode per entry (at ~6 us each, that was most of a large
+    file's time): ``map`` over C functions (``itemgetter``, ``id``, ``dict.get``, ``dict.clear``)
+    pulls the fields out and pyarrow converts each column in one call. Anything it does not expect (a missing field, as in
+    torch 2.0 files, a value of the wrong type) sends the batch through ``_row``, entry by entry,
+    which names what is wrong; both give the same columns."""
 
     def __init__(self) -> None:
         self.history = History()
         self.stacks = Stacks()
         self.taken = array("Q")
         self._codes: dict[str, int] = {}
+        self._singles: dict[int, tuple[int]] = {}
 
-    def take(self, entries: Iterable[Any]) -> None:
-        """Take ``entries`` in order (one loop with its lookups bound: it runs millions of times)."""
-        h, codes, new_action, stack_id = self.history, self._codes, self._new_action, self.stacks.stack_id
-        by_ids = self.stacks.by_ids
-        action_col, address_col, size_col = h.action.append, h.address.append, h.size.append
-        stream_col, time_col, stack_col, taken = h.stream.append, h.time_us.append, h.stack.append, self.taken.append
-        for entry in entries:
-            if type(entry) is not dict:
-                raise TypeError("a history entry is not an object")
-            try:
-                action, address, size, stream, time_us, frames = _FIELDS(entry)
-            except KeyError:  # torch 2.0 writes no time_us; any other field may be missing too
-                get = entry.get
-                action, address, size, stream, time_us, frames = (get("action"), get("addr"), get("size"),
-                                                                  get("stream"), get("time_us"), get("frames"))
-            code = codes.get(action)
-            action_col(new_action(action) if code is None else code)
-            address_col(NULL if address is None else address)
-            size_col(NULL if size is None else size)
-            stream_col(NULL if stream is None else stream)
-            time_col(NULL if time_us is None else time_us)
-            if type(frames) is list and frames and type(frames[0]) is not int:
-                stack = by_ids.get(tuple(map(id, frames)))  # ``Stacks.stack_id``'s first step, inlined
-                if stack is None:
-                    stack = stack_id(frames)
-                frames[:] = (stack,)  # one shared int per stack, in place of the frames
-            else:
-                stack = stack_id(frames)
-            stack_col(stack)
-            taken(id(entry))
-            entry.clear()
+    def take(self, entries: list[Any]) -> None:
+        """Take ``entries`` (a list, in history order)."""
+        if not entries:
+            return
+        try:
+            fields = list(zip(*map(_FIELDS, entries)))  # TypeError on a non-dict, KeyError on a missing field
+            columns, stacks = self._columns(fields)
+        except (TypeError, KeyError, ValueError, OverflowError, RecursionError, pa.ArrowException):
+            # RecursionError: ``list == list`` on frame lists that hold themselves (a hostile file)
+            fields = list(zip(*map(_row, entries)))
+            columns, stacks = self._columns(fields, bulk=False)
+        self._empty(entries, fields[5], stacks)
+        self.history.add(columns)
+
+    def _columns(self, fields: list[tuple[Any, ...]], bulk: bool = True) -> tuple[tuple[pa.Array, ...], list[int]]:
+        """The batch's columns and stack ids from its six fields (``zip(*entries' fields)``);
+        the stacks in bulk, or (``bulk`` False) one by one, comparing no two lists."""
+        actions, addresses, sizes, streams, times, frames = fields
+        if set(map(type, frames)) - {list} or set(map(type, chain(addresses, sizes, streams, times))) - _INTEGER:
+            raise TypeError("a history entry is not as torch writes it")  # ``_row`` says what
+        stacks = self.stacks.stack_ids(frames) if bulk else list(map(self.stacks.stack_id, frames))
+        codes = self._codes
+        for action in set(actions) - codes.keys():
+            self._new_action(action)
+        return (pa.array(list(map(codes.__getitem__, actions)), pa.uint8()),
+                pa.array(addresses, pa.int64()), pa.array(sizes, pa.int64()), pa.array(streams, pa.int64()),
+                pa.array(times, pa.int64()), pa.array(stacks, pa.int64())), stacks
+
+    def _empty(self, entries: list[Any], frames: Any, stacks: list[int]) -> None:
+        """Empty the taken entries, and leave each one's frame list holding only its stack id
+        (one shared tuple per stack), so that a list met again gives the same stack."""
+        singles = self._singles
+        for stack in set(stacks) - singles.keys():
+            singles[stack] = (stack,)
+        # an empty list is left empty (giving it an item would grow it: 0.4x a file of small entries)
+        deque(map(setitem, compress(frames, frames), repeat(slice(None)),
+                  map(singles.__getitem__, compress(stacks, frames))), maxlen=0)
+        self.taken.extend(map(id, entries))
+        deque(map(dict.clear, entries), maxlen=0)
 
     def _new_action(self, action: Any) -> int:
         if not isinstance(action, str):
@@ -167,6 +225,26 @@ class _Taker:
         self._codes[action] = len(self.history.actions)
         self.history.actions.append(action)
         return self._codes[action]
+
+
+def _row(entry: Any) -> tuple[Any, ...]:
+    """One entry's fields, checked: what ``_Taker`` falls back to when a batch is not as torch
+    writes it (torch 2.0 writes no ``time_us``), and what says which value is wrong."""
+    if type(entry) is not dict:
+        raise TypeError("a history entry is not an object")
+    get = entry.get
+    numbers = []
+    for what in ("addr", "size", "stream", "time_us"):
+        value = get(what)
+        if value is not None and type(value) is not int and type(value) is not bool:
+            raise TypeError(f"a history entry's {what} is not an integer")
+        if value is not None and not INT64_MIN <= value < 2**63:
+            raise OverflowError(f"a history entry's {what} is out of range")
+        numbers.append(None if value is None else int(value))
+    frames = get("frames")
+    if frames is not None and type(frames) is not list:
+        raise TypeError("frames is not a list")
+    return (get("action"), *numbers, [] if frames is None else frames)
 
 
 class _Scanner:
@@ -274,7 +352,7 @@ def _read(path: Path, stream: bool) -> SnapshotRead:
         gc.disable()  # millions of new dicts and lists, none of them garbage: ~25% of the CPU time
         try:
             loaded = load_with(scanner.unpickler, path)
-        except (TypeError, ValueError, OverflowError) as exc:  # raised by a take
+        except (TypeError, ValueError, OverflowError, pa.ArrowException) as exc:  # raised by a take
             raise TraceFormatError(path, f"not a memory snapshot ({exc})") from exc
         finally:
             scanner.unpickler = None
@@ -286,7 +364,7 @@ def _read(path: Path, stream: bool) -> SnapshotRead:
     early = len(taker.taken)
     try:
         _take_the_rest(snapshot, taker)
-    except (TypeError, ValueError, OverflowError) as exc:
+    except (TypeError, ValueError, OverflowError, pa.ArrowException) as exc:
         raise TraceFormatError(path, f"not a memory snapshot ({exc})") from exc
     snapshot.pop("device_traces", None)  # only empty shells now: their memory goes before the tables
     return SnapshotRead(snapshot, taker.history, taker.stacks, tap.sha256.hexdigest(), tap.bytes, early)

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stepscope.store import schema
-from stepscope.store.snapshot.reader import NO_STACK, NULL, History, SnapshotRead, Stacks
+from stepscope.store.snapshot.reader import NO_STACK, History, SnapshotRead, Stacks
 
 NS_PER_US = 1000
 
@@ -115,28 +115,22 @@ def _table(spec: pa.Schema, rows: list[dict[str, Any]], source: str) -> pa.Table
                                       else f.type) for f in spec}).cast(spec)
 
 
-def _nullable(values: Any) -> pa.Array:
-    """An int64 column from an ``array('q')``, ``NULL`` made null."""
-    column = pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
-    return pc.if_else(pc.equal(column, NULL), pa.scalar(None, pa.int64()), column)
-
-
 def _events(history: History, source: str) -> pa.Table:
     n = len(history)
     devices = [pa.repeat(pa.scalar(device, pa.int64()), rows) for device, rows in enumerate(history.device_rows)]
     device = pa.concat_arrays(devices) if devices else pa.array([], pa.int64())
     seq = pa.concat_arrays([pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), rows)), 1)
                             for rows in history.device_rows if rows] or [pa.array([], pa.int64())])
-    codes = pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(history.action)])
+    codes = history.column("action")
     action = pa.DictionaryArray.from_arrays(codes.cast(pa.int32()), pa.array(history.actions, pa.string()))
-    stack = _nullable(history.stack)
+    stack = history.column("stack")
     stack = pc.if_else(pc.equal(stack, NO_STACK), pa.scalar(None, pa.int64()), stack)
     table = pa.table({
         "source": pa.repeat(pa.scalar(source, pa.string()), n),
         "device": device, "seq": seq, "action": action,
-        "address": _nullable(history.address), "size": _nullable(history.size),
-        "stream": _nullable(history.stream),
-        "ts_ns": pc.multiply_checked(_nullable(history.time_us), NS_PER_US),
+        "address": history.column("address"), "size": history.column("size"),
+        "stream": history.column("stream"),
+        "ts_ns": pc.multiply_checked(history.column("time_us"), NS_PER_US),
         "stack_id": stack,
     })
     return table.cast(schema.SNAPSHOT_EVENTS)
