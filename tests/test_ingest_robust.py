@@ -346,3 +346,41 @@ def test_a_store_below_a_file_is_one_line(tmp_path: Path, make_trace) -> None:
     assert done.stderr.strip().splitlines() == [
         f"{tmp_path / 'traces' / 'rank0.json'}: not stored: store not writable in {blocker / 'store'} "
         "(NotADirectoryError: Not a directory)"]
+
+
+@pytest.mark.parametrize("fail_at", ["a rank table", "putting the parts in place"])
+def test_a_write_error_after_some_parts_leaves_no_file_behind(tmp_path: Path, make_trace, monkeypatch,
+                                                               fail_at: str) -> None:
+    """The parts of a trace are written under temporary names and put in place together
+    (``writer.PartBatch``): a failure half way, or while they are flushed and renamed, leaves no
+    part and no temporary file of the refused trace, and the store as it was."""
+    from stepscope.store import ingest, writer
+
+    store = tmp_path / "store"
+    make_trace("rank0.json", GOOD_EVENTS)
+    assert main(["ingest", str(tmp_path / "traces"), "--store", str(store), "--run", "kept"]) == 0
+    before = sorted(str(p.relative_to(store)) for p in store.rglob("*") if p.is_file())
+    written: list[str] = []
+    if fail_at == "a rank table":
+        real = ingest.write_partition
+
+        def write(root: Any, table: str, *args: Any, **kwargs: Any) -> Any:
+            if len(written) == 5:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            written.append(table)
+            return real(root, table, *args, **kwargs)
+
+        monkeypatch.setattr("stepscope.store.ingest.write_partition", write)
+    else:
+        real_fsync = writer._fsync
+
+        def fsync(path: Path) -> None:
+            written.append(str(path))
+            if len(written) == 5:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            real_fsync(path)
+
+        monkeypatch.setattr(writer, "_fsync", fsync)
+    report = ingest_paths([tmp_path / "traces" / "rank0.json"], store, "new")
+    assert len(report.errors) == 1 and len(written) >= 5
+    assert sorted(str(p.relative_to(store)) for p in store.rglob("*") if p.is_file()) == before

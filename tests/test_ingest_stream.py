@@ -92,10 +92,18 @@ def _plain(t: pa.DataType) -> pa.DataType:
     return t.value_type if pa.types.is_dictionary(t) else t
 
 
-def test_every_part_follows_the_schema(tmp_path: Path) -> None:
+def _no_communication(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events without the collectives: the conversion then skips its ``comm`` query."""
+    return [e for e in events if not e["name"].startswith("nccl")]
+
+
+@pytest.mark.parametrize("events", [_busy_trace, lambda steps: _no_communication(_busy_trace(steps))],
+                         ids=["with collectives", "without communication"])
+def test_every_part_follows_the_schema(tmp_path: Path, events) -> None:
     """Names, order and types of each part's columns are those of ``schema.py`` (dictionary
-    encoding is a Parquet page matter: the files hold plain strings)."""
-    trace = write_trace(tmp_path / "rank0.json", _busy_trace(2), distributedInfo={"rank": 0})
+    encoding is a Parquet page matter: the files hold plain strings), also where the trace has no
+    communication event (its collective columns come from the empty ``comm`` table)."""
+    trace = write_trace(tmp_path / "rank0.json", events(2), distributedInfo={"rank": 0})
     ingest_trace_file(trace, tmp_path / "s", "r")
     for table in ("events", "steps", "memory", "sources"):
         [part] = (tmp_path / "s" / table).rglob("*.parquet")

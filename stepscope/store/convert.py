@@ -238,6 +238,15 @@ FROM sized
 (gloo and other CPU-side collectives) the element count and type of the first input; the
 nccl-tests message size ``max(in, out) x element size``; the normalised collective."""
 
+_NO_COMM_TABLE = """
+CREATE OR REPLACE TEMP TABLE comm AS
+SELECT NULL::BIGINT AS i, NULL::BIGINT AS in_nelems, NULL::BIGINT AS out_nelems, NULL::VARCHAR AS dtype,
+       NULL::VARCHAR AS collective, NULL::BIGINT AS nbytes
+WHERE FALSE
+"""
+"""``comm`` of a trace without communication events: its columns, no rows. Planning
+``_COMM_TABLE`` costs ~50 ms whatever the rows; this, a millisecond."""
+
 _STEPS_PART = """
 SELECT $source AS source, step, 'ProfilerStep#' || step AS name, start_ns, end_ns, end_ns - start_ns AS dur_ns
 FROM step_windows ORDER BY start_ns, step
@@ -364,9 +373,8 @@ class Stager:
         stage = piece.with_name(piece.name + STAGE_SUFFIX)
         try:
             if in_memory:
-                self.con.execute(f"CREATE OR REPLACE TEMP TABLE {SMALL_STAGE} AS {_stage_query(piece)}",
-                                 {"first": self.count})
-                (rows,) = self.con.execute(f"SELECT count(*) FROM {SMALL_STAGE}").fetchone()
+                (rows,) = self.con.execute(f"CREATE OR REPLACE TEMP TABLE {SMALL_STAGE} AS {_stage_query(piece)}",
+                                           {"first": self.count}).fetchone()
             else:
                 (rows,) = self.con.execute(
                     f"COPY ({_stage_query(piece)}) TO {_sql_string(str(stage))} "
@@ -407,16 +415,17 @@ class Converted:
         self.con = con
         self.base_ns = trace.base_time_ns
         con.execute(f"CREATE OR REPLACE TEMP VIEW ev AS SELECT * FROM {staged}")
-        self._check_times()
+        communication = self._check_times()
         try:
-            con.execute(_COMM_TABLE)
+            con.execute(_COMM_TABLE if communication else _NO_COMM_TABLE)
         except duckdb.Error as exc:
             raise _refusal(self.path, exc) from None
         self.conversion = self._steps_and_facts()
 
-    def _check_times(self) -> None:
+    def _check_times(self) -> bool:
         """Refuse the trace at the first event whose time the store cannot hold, or whose
-        duration is negative, or whose args are not an object (checks in this order)."""
+        duration is negative, or whose args are not an object (checks in this order). In the
+        same scan: whether the trace has communication events (the ``comm`` table's input)."""
         lowest = INT64_MIN + MARGIN_NS - self.base_ns
         highest = INT64_MAX - MARGIN_NS - self.base_ns
         checks = {
@@ -427,10 +436,12 @@ class Converted:
             "args": "args_not_object",
         }
         select = ", ".join(f"min(i) FILTER ({condition})" for condition in checks.values())
-        first = self.con.execute(f"SELECT {select} FROM ev").fetchone()
+        *first, communication = self.con.execute(
+            f"SELECT {select}, count(*) FILTER (category = 'communication') > 0 FROM ev").fetchone()
         for check, index in zip(checks, first):
             if index is not None:
                 raise self._time_refusal(check, index)
+        return bool(communication)
 
     def _time_refusal(self, check: str, index: int) -> TraceFormatError:
         name, ts_rel, dur_ns, ts_beyond, dur_beyond = self.con.execute(

@@ -44,7 +44,7 @@ from stepscope.store.files import select_trace_files
 from stepscope.store.kineto import KinetoTrace, read_trace
 from stepscope.store.location import is_url
 from stepscope.store.objectstore import RemoteStore
-from stepscope.store.writer import part_path, run_id, write_partition
+from stepscope.store.writer import PartBatch, part_path, run_id, write_partition
 from stepscope.store.snapshot import ingest as snapshot_ingest
 from stepscope.store.snapshot.unpickle import is_snapshot_file
 
@@ -55,6 +55,13 @@ INGEST_MEMORY_LIMIT_ENV = "STEPSCOPE_INGEST_MEMORY_LIMIT"
 DEFAULT_INGEST_MEMORY_LIMIT = "512MB"
 """DuckDB's memory for converting one trace (``--memory-limit`` or
 ``$STEPSCOPE_INGEST_MEMORY_LIMIT``): a bound, rarely reached, since the conversion streams."""
+SMALL_TRACE_EVENTS = 50_000
+SMALL_TRACE_SKIPPED_OPTIMIZERS = "common_subexpressions,projection_pullup"
+"""A trace of fewer events is converted without these two DuckDB optimizer passes. On a small
+trace the ~50 statements of a conversion cost their planning, not their rows, and these passes
+were a tenth of it (hta/trace_filter/sampled_rank-0, 4,855 events: 0.71 s of CPU against 0.81 s,
+minimum of 5); on df_index_resolver (216k events) they pay for themselves. An optimizer pass
+never changes a result, only how it is computed."""
 INGEST_THREADS = 1
 """DuckDB threads per conversion. One: a second thread parses another piece at once and holds
 its buffers (measured: 229 MB peak against 184 MB on df_index_resolver, 323 MB against 203 MB
@@ -206,6 +213,7 @@ def convert_file(
     work = Path(tempfile.mkdtemp(prefix="stepscope-ingest-"))
     con = engine.connect(limit=ingest_memory_limit(memory_limit), threads=threads or INGEST_THREADS)
     written: tuple[int, str] | None = None
+    batch = PartBatch()
     try:
         stager = Stager(Path(path), con)
         try:
@@ -217,6 +225,8 @@ def convert_file(
             stager.stop()
             raise
         stages = stager.close()
+        if stager.count < SMALL_TRACE_EVENTS:
+            con.execute(f"SET disabled_optimizers = '{SMALL_TRACE_SKIPPED_OPTIMIZERS}'")
         source = source_id(trace.sha256)
         if rank is not None:
             resolved, how = int(rank), rank_from or "option"
@@ -233,9 +243,10 @@ def convert_file(
         row = _sources_row(trace, source, run, how, done, metadata, tags)
         written = (resolved, source)
         try:
-            written_parts = {table: write_partition(root, table, rid, resolved, source, part)
+            written_parts = {table: write_partition(root, table, rid, resolved, source, part, batch=batch)
                              for table, part in converted_tables.parts(source).items()}
-            write_rank_tables(con, root, rid, resolved, source, written_parts)
+            write_rank_tables(con, root, rid, resolved, source, written_parts, batch=batch)
+            batch.place()
         except OSError as exc:
             raise StoreWriteError(path, root, exc) from exc
         converted = ConvertedTrace(str(path), rid, run, resolved, how, source, trace.content_sha256, done, row)
@@ -243,6 +254,7 @@ def convert_file(
         return converted
     finally:
         con.close()
+        batch.discard()
         shutil.rmtree(work, ignore_errors=True)
         if written is not None:
             remove_parts(root, rid, *written)
@@ -277,15 +289,16 @@ copies of df_index_resolver peaked at 458 MB against 237 MB for one)."""
 
 
 def write_rank_tables(con: duckdb.DuckDBPyConnection, root: Path, run: str, rank: int, source: str,
-                      parts: dict[str, Path]) -> None:
+                      parts: dict[str, Path], *, batch: PartBatch | None = None) -> None:
     """Write each per-rank table (``stepscope.store.rankstats``) of one trace, computed in ``con`` from
-    the trace's parts ``parts`` (events, steps, ...). Ingest and ``stepscope migrate`` call it."""
+    the trace's parts ``parts`` (events, steps, ...), into ``batch`` when given (ingest: the
+    trace's parts are put in place together). Ingest and ``stepscope migrate`` call it."""
     con.execute(f"SET memory_limit = '{RANK_TABLES_MEMORY_LIMIT}'")
     rankstats.trace_views(con, parts, run, rank)
     rankstats.prepare(con, run)
     for table, query in rankstats.queries(con, run):
         write_partition(root, table, run, rank, source,
-                        SqlPart(con, Path(parts["events"]), query, rankstats.params(query, run)))
+                        SqlPart(con, Path(parts["events"]), query, rankstats.params(query, run)), batch=batch)
 
 
 def commit(converted: ConvertedTrace, store: str | Path, *, on_conflict: str = "session") -> IngestedTrace:

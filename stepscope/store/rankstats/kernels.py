@@ -62,12 +62,30 @@ WITH
         SELECT rank, source, {THREAD_SQL} AS thread, ts_ns, dur_ns FROM events e
         WHERE run = $run AND dur_ns > 0 AND kind IN ('cuda_runtime', 'cuda_driver') AND ({SYNC_WAIT.claims[0]})
     ),
+    _sync_points AS (
+        -- each sync's start (+1, +start) and end (-1, -end) on its thread's time line
+        SELECT rank, source, thread, t, sum(n)::BIGINT AS n, sum(v) AS v FROM (
+            SELECT rank, source, thread, ts_ns AS t, 1 AS n, ts_ns::HUGEINT AS v FROM _syncs
+            UNION ALL SELECT rank, source, thread, ts_ns + dur_ns, -1, -(ts_ns + dur_ns)::HUGEINT FROM _syncs)
+        GROUP BY rank, source, thread, t
+    ),
+    _sync_before AS (
+        -- running sums up to and including t: before any x > t, sync time up to x is x * n - v
+        SELECT rank, source, thread, t, sum(n) OVER w AS n, sum(v) OVER w AS v
+        FROM _sync_points
+        WINDOW w AS (PARTITION BY rank, source, thread ORDER BY t ROWS UNBOUNDED PRECEDING)
+    ),
     _sync_in AS (
-        SELECT o.op_id, sum(least(o.ts_ns + o.dur_ns, s.ts_ns + s.dur_ns) - greatest(o.ts_ns, s.ts_ns)) AS sync_ns
-        FROM _ops o JOIN _syncs s
-          ON s.rank = o.rank AND s.source = o.source AND s.thread = o.thread
-         AND s.ts_ns < o.ts_ns + o.dur_ns AND s.ts_ns + s.dur_ns > o.ts_ns
-        GROUP BY o.op_id
+        -- sync time within [start, end) of each op: the sync time up to its end less that up to
+        -- its start (each sync counted by its overlap, as a join of ops with syncs would)
+        SELECT o.op_id,
+               ((o.ts_ns + o.dur_ns) * coalesce(e.n, 0) - coalesce(e.v, 0))
+               - (o.ts_ns * coalesce(b.n, 0) - coalesce(b.v, 0)) AS sync_ns
+        FROM _ops o
+        ASOF LEFT JOIN _sync_before b
+          ON b.rank = o.rank AND b.source = o.source AND b.thread = o.thread AND o.ts_ns > b.t
+        ASOF LEFT JOIN _sync_before e
+          ON e.rank = o.rank AND e.source = o.source AND e.thread = o.thread AND o.ts_ns + o.dur_ns > e.t
     ),
     _agg AS (
         SELECT o.source, o.name, any_value(o.category) AS category, count(*) AS count,
