@@ -43,7 +43,8 @@ def test_trace_handler_on_a_profiler_the_user_owns(tmp_path: Path) -> None:
     data = torch.Generator().manual_seed(0)
     handler = stepscope.trace_handler(store=tmp_path / "store", run="owned", model=model,
                                       optimizer=optimizer, trace_dir=tmp_path / "traces",
-                                      strict=True)
+                                      strict=True, flush_timeout_s=900)  # a hang guard: the niced
+    # conversion child waited over the default 120 s for a core when the machine's load was 20
     with torch.profiler.profile(schedule=torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=2),
                                 record_shapes=True, profile_memory=True, on_trace_ready=handler) as prof:
         for _ in range(9):
