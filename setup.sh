@@ -27,8 +27,9 @@ case "$what" in
     install_torch
     "${pip[@]}" -e ".[dev]"
     # Two passes: every test on all cores (pytest-xdist, one worker per core, a file's tests in
-    # one worker), then the tests marked `serial`, alone, because they judge fresh timings
-    # (recordings, time limits, signals, a browser) that a busy neighbour would skew.
+    # one worker except the sweeps that tests/conftest.py's SPREAD names), then the tests marked
+    # `serial`, alone: they record fresh timings and judge them (the gate's runs, the watch's slow
+    # steps), and the rest of the suite beside them would add its own load to what they measure.
     # Exit 5 (nothing collected, e.g. `./setup.sh test tests/test_layering.py`) counts as a
     # failure only when neither pass ran a test.
     status=0

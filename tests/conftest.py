@@ -106,6 +106,22 @@ def ingested(tmp_path_factory: pytest.TempPathFactory, shared_traces: Path) -> C
 
 
 @pytest.fixture(scope="session")
+def sample_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The store of one bundled sample run (``sample_traces/<name>/``, run ``<name>``), ingested
+    once per test run and shared by the xdist workers (:func:`built_once`)."""
+    from stepscope.store.ingest import ingest_paths
+
+    def build(name: str, store: Path) -> None:
+        report = ingest_paths(sorted((REPO / "sample_traces" / name).glob("*.json.gz")), store, name)
+        assert report.ok, report.errors
+
+    def get(name: str) -> Path:
+        return built_once(tmp_path_factory, f"sample-{name}", functools.partial(build, name))
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def hta_python() -> Path:
     """An interpreter with HolisticTraceAnalysis 0.5.0, for cross-checks through tests/hta_runner.py.
 
@@ -118,6 +134,45 @@ def hta_python() -> Path:
     if python is None:
         pytest.skip("no HTA interpreter: set STEPSCOPE_HTA_PYTHON or run .ci/install_hta.sh")
     return python
+
+
+SPREAD = frozenset({
+    "test_analysis_copies.py",
+    "test_breakdown.py",
+    "test_dashboard_apptest.py",
+    "test_dashboard_every_trace.py",
+    "test_flops.py",
+    "test_hta_crosscheck.py",
+    "test_ingest_real.py",
+    "test_one_truth.py",
+    "test_rankstats_flops.py",
+    "test_summary.py",
+    "test_traces_as_they_are.py",
+})
+"""Files whose tests pytest-xdist may hand to any worker one by one. Each is a sweep over the
+shared traces whose only costly state is session-wide (:func:`built_once`, ``ingested``), so
+splitting it costs nothing, while kept whole it would leave one worker on it alone at the end."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (what ``./setup.sh test`` runs) keeps each file's tests on one worker,
+    except the files of :data:`SPREAD`, whose tests go to any worker one by one.
+
+    A file's module-scoped fixtures (a store it ingests once for its tests) are then built once,
+    and tests that share a file's state never race. (pytest-xdist's own ``loadgroup`` cannot do
+    this under pytest 9, where a test's id can no longer be renamed.) Work goes out largest
+    file first, single tests last, so the workers finish together."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesAndSpreadTests(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if path.rsplit("/", 1)[-1] in SPREAD else path
+
+    return FilesAndSpreadTests(config, log)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

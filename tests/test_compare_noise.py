@@ -29,16 +29,15 @@ def _strictest() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def twice_ingested(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    """Each sample run ingested into two separate stores."""
+def twice_ingested(tmp_path_factory: pytest.TempPathFactory, sample_run) -> dict[str, tuple[Path, Path]]:
+    """Each sample run ingested into two separate stores (the first is the session's shared one)."""
     from stepscope.store.ingest import ingest_paths
 
     out = {}
     for folder in SAMPLES:
-        stores = tuple(tmp_path_factory.mktemp(f"{folder.name}-{i}") for i in range(2))
-        for store in stores:
-            assert ingest_paths([folder], store, folder.name).ok
-        out[folder.name] = stores
+        again = tmp_path_factory.mktemp(f"{folder.name}-again")
+        assert ingest_paths([folder], again, folder.name).ok
+        out[folder.name] = (sample_run(folder.name), again)
     return out
 
 

@@ -7,6 +7,7 @@ from the raw JSON (events, collectives, copies), the page is checked against tha
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from stepscope.units import duration  # noqa: E402
 from stepscope.store import open_store  # noqa: E402
 from stepscope.store.ingest import ingest_paths  # noqa: E402
 from tests._dashboard_stores import build_sample_store  # noqa: E402
-from tests.conftest import REPO, load_raw  # noqa: E402
+from tests.conftest import REPO, built_once, load_raw  # noqa: E402
 
 APP = REPO / "stepscope" / "dashboard" / "app.py"
 PAGES = ("runs", "overview", "communication", "copies", "memory", "kernels", "pipeline", "compare", "sql")
@@ -34,13 +35,16 @@ SHARED_RUNS = {
 }
 
 
-@pytest.fixture(scope="session")
-def shared_store(tmp_path_factory: pytest.TempPathFactory, shared_traces: Path) -> Path:
-    root = tmp_path_factory.mktemp("dash-shared")
+def _ingest_shared_runs(shared_traces: Path, root: Path) -> None:
     for run, files in SHARED_RUNS.items():
         report = ingest_paths([shared_traces / f for f in files], root, run)
         assert report.ok, report.errors
-    return root
+
+
+@pytest.fixture(scope="session")
+def shared_store(tmp_path_factory: pytest.TempPathFactory, shared_traces: Path) -> Path:
+    """The runs of ``SHARED_RUNS`` in one store, built once per test run for every xdist worker."""
+    return built_once(tmp_path_factory, "dash-shared", functools.partial(_ingest_shared_runs, shared_traces))
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,8 @@ Debian's ``chromium`` with ``.ci/install_chromium.sh``).
 
 from __future__ import annotations
 
+import functools
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +19,7 @@ import pytest
 
 from tests._browser import Browser, find_chromium, free_port, wait_http
 from tests._dashboard_stores import build_sample_store
-from tests.conftest import REPO, SHARED_TRACES
-
-pytestmark = pytest.mark.serial  # judges timings: runs alone (see pyproject's markers)
+from tests.conftest import REPO, SHARED_TRACES, built_once
 
 SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
 SHARED_RUNS = {
@@ -39,16 +39,23 @@ def chromium() -> str:
     return path
 
 
+def _browser_store(tmp_path_factory: pytest.TempPathFactory, root: Path) -> None:
+    """The sample runs (a copy of the shared sample store, without the analysis cache that
+    other tests may be writing into it meanwhile), plus the runs of ``SHARED_RUNS`` when
+    ../shared is there."""
+    from stepscope.store.ingest import ingest_paths
+
+    shutil.copytree(build_sample_store(tmp_path_factory), root, ignore=shutil.ignore_patterns("cache", "*.tmp"))
+    if SHARED_TRACES.is_dir():
+        for run, files in SHARED_RUNS.items():
+            assert ingest_paths([SHARED_TRACES / f for f in files], root, run).ok
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, chromium: str):
     """``(base_url, query, shared)`` of a running ``stepscope dashboard``."""
-    from stepscope.store.ingest import ingest_paths
-
-    store = build_sample_store(tmp_path_factory)
     shared = SHARED_TRACES.is_dir()
-    if shared:
-        for run, files in SHARED_RUNS.items():
-            assert ingest_paths([SHARED_TRACES / f for f in files], store, run).ok
+    store = built_once(tmp_path_factory, "dash-browser", functools.partial(_browser_store, tmp_path_factory))
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "dashboard.log"
     with open(log, "wb") as out:

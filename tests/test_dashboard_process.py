@@ -17,7 +17,7 @@ from tests._browser import free_port, wait_http
 from tests._dashboard_stores import build_sample_store
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.skipif(not sys.platform.startswith("linux"),
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"),
                                                    reason="reads /proc for the child process")]
 
 

@@ -21,8 +21,6 @@ from stepscope.store import open_store  # noqa: E402
 from tests._dashboard_stores import build_sample_store  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 
-pytestmark = pytest.mark.serial  # judges timings: runs alone (see pyproject's markers)
-
 APP = REPO / "stepscope" / "dashboard" / "app.py"
 SLOW = "SELECT count(*) AS n FROM range(600000000) r(i) WHERE hash(i) % 7 = 3"
 """A query that runs for seconds (about 3 s on the 2-core CI machine)."""

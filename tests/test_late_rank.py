@@ -25,8 +25,6 @@ from tests._intervals import clip, intersect, length, subtract, union
 from tests.conftest import REPO, load_raw, write_trace
 from tests.rawcalc import comm_kernels, kernels, span_ns, step_windows
 
-pytestmark = pytest.mark.serial  # judges timings: runs alone (see pyproject's markers)
-
 SAMPLES = REPO / "sample_traces"
 SHIFT_US = {0: 0.0, 1: 3000.0, 2: -5000.0}
 """Known clock offsets added to the ranks' timestamps: +3 ms, -5 ms."""

@@ -84,9 +84,8 @@ def test_findings_agree_with_the_step_on_every_shared_trace(relative: str, inges
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sample", SAMPLES)
-def test_findings_agree_with_the_step_on_every_sample(sample: str, tmp_path: Path) -> None:
-    assert ingest_paths(sorted((REPO / "sample_traces" / sample).glob("*.json.gz")), tmp_path / "s", sample).ok
-    check_one_truth(open_store(tmp_path / "s"), sample)
+def test_findings_agree_with_the_step_on_every_sample(sample: str, sample_run) -> None:
+    check_one_truth(open_store(sample_run(sample)), sample)
 
 
 def test_a_run_without_steps_gets_a_whole_trace_verdict(shared_traces: Path, tmp_path: Path) -> None:

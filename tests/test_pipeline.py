@@ -38,11 +38,11 @@ RUNS = {  # folder: (schedule, stages, microbatches, stages per rank)
 
 @pytest.fixture(scope="module")
 def pp_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    root = tmp_path_factory.mktemp("pp")
-    for folder in RUNS:
-        report = ingest_paths([SAMPLES / folder], root, folder)
-        assert report.ok, report.errors
-    return open_store(root)
+    """Every sample run, each under its folder's name (the pipeline runs among them), in the
+    store the dashboard tests read too: ingested once per test run."""
+    from tests._dashboard_stores import build_sample_store
+
+    return open_store(build_sample_store(tmp_path_factory))
 
 
 def _result(store: Any, run: str) -> PipelineResult:

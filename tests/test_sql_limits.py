@@ -20,8 +20,6 @@ from stepscope.store.catalog import DEFAULT_MEMORY_LIMIT, MEMORY_LIMIT_ENV, conn
 from stepscope.store.ingest import ingest_trace_file
 from tests.test_ingest_input import GOOD_EVENTS
 
-pytestmark = pytest.mark.serial  # judges timings: runs alone (see pyproject's markers)
-
 REPO = Path(__file__).resolve().parents[1]
 CROSS_JOIN = "SELECT count(*) FROM range(1000000) a, range(1000000) b, range(1000) c"
 
