@@ -34,6 +34,7 @@ from stepscope.analysis.compare.budgets import Budget
 from stepscope.analysis.compare.budgets import floors as default_floors
 from stepscope.analysis.compare.comparison import Comparison, MetricDelta
 from stepscope.analysis.compare.stats import MannWhitney, Noise
+from stepscope.analysis.quantiles import median
 from stepscope.errors import Inconclusive, StepscopeError
 from stepscope.units import format_value, p_value, signed_percent
 
@@ -107,9 +108,21 @@ def noise_text(noise: Noise, unit: str) -> str:
     runs = f"{noise.baseline_runs} baseline run{'s' * (noise.baseline_runs != 1)}, " \
            f"{noise.candidate_runs} candidate run{'s' * (noise.candidate_runs != 1)}"
     if not noise.measured:
-        return (f"run-to-run noise not measured ({runs}): assumed +-{format_value(noise.margin, unit)}; "
+        text = (f"run-to-run noise not measured ({runs}): assumed +-{format_value(noise.margin, unit)}; "
                 "a change that size could be noise it cannot see")
-    return f"run-to-run noise +-{format_value(noise.margin, unit)} ({runs})"
+    else:
+        text = f"run-to-run noise +-{format_value(noise.margin, unit)} ({runs})"
+    return text + _load_text(noise, unit)
+
+
+def _load_text(noise: Noise, unit: str) -> str:
+    """What the change of load added to the margin, in words (nothing when it did not change)."""
+    load = noise.load
+    if load is None or not noise.load_allowance:
+        return ""
+    return (f"; the candidate ran at another load (its steps took {median(list(load.candidate)):.1f}x their CPU "
+            f"time in wall time, the baseline's {min(load.baseline):.1f}-{max(load.baseline):.1f}x), which moves "
+            f"CPU time too: +-{format_value(noise.load_allowance, unit)} of it included")
 
 
 def _between_runs(test: MannWhitney | None, alpha: float) -> str:
