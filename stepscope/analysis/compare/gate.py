@@ -14,6 +14,9 @@ assumed, and said so); ``T`` is the budget's threshold:
    noise hid part of it; pass.
 3. ``floor``: it is no larger than the metric's absolute floor
    (:func:`stepscope.analysis.compare.budgets.floors`: 0.5 ms, 16 MiB, 1 GB/s by default); pass.
+   Not when the candidate ran at another load than the baseline (a CPU-time step time whose
+   margin includes the load's, :class:`~stepscope.analysis.compare.stats.Load`): a load change
+   moves CPU time by more than the floor, so a small change then says nothing either way.
 4. ``noise``: it exceeds ``T + M``: over budget by more than runs of the same code differ; fail.
 5. ``grey_zone``: between the two, noise alone could put it on either side of the budget;
    inconclusive (the pytest plugin re-runs the test first).
@@ -153,7 +156,7 @@ def evaluate_budget(comparison: Comparison, budget: Budget, floor: float) -> Bud
     about = f"{noise_text(noise, m.unit)}{_between_runs(test, comparison.alpha)}"
     if m.delta == 0 or change <= threshold - margin:
         return result("pass", False, p, "threshold", f"{_change_text(m)}, within {limit} ({about})")
-    if abs(m.delta) <= floor:
+    if abs(m.delta) <= floor and not noise.load_allowance:
         return result("pass", exceeded, p, "floor", f"{_change_text(m)}, within the {format_value(floor, m.unit)} "
                                                     f"floor ({about})")
     if change > threshold + margin:
