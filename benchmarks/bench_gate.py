@@ -10,10 +10,11 @@ Method. The workload is a small MLP trained on one thread. A slowdown trains on 
 the same ops, the same calls per step (the comparability checks pass, as they do for a model
 made wider). The batch of each slowdown is **calibrated** first, in this process: the training
 thread's CPU time per step (the measure the gate judges) is measured for the candidate batches,
-interleaved with the unchanged one, and each batch is scaled until its median ratio is 1.3x and
-4x (a batch 1.3 times as large is not 1.3 times the CPU time: per-step costs that do not grow
-with the batch, and caches, bend it). The factor each slowdown really had in the judged runs is
-printed beside the rates.
+interleaved with the unchanged one, and each batch is scaled twice by its measured shortfall
+from 1.3x and 4x (a batch 1.3 times as large is not 1.3 times the CPU time: per-step costs that
+do not grow with the batch, and caches, bend it). Under heavy load the calibration is noisy
+itself, so the factor each slowdown really had in the judged runs (each pair's candidate value
+over its baseline's) is printed beside the rates: that, not the label, is what was detected.
 
 Each condition (``quiet``, then ``loaded``: ``--load`` processes spinning on the CPU for the
 whole condition) records, in one process, a stream of ``stepscope.profile`` runs of ``--steps``
