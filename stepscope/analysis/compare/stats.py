@@ -147,14 +147,7 @@ baseline's value: on this project's 2-core machine at load 7, a step during whic
 its core to another process used 30-45 % more CPU time than one that kept it (its caches refilled
 after the switch), the share of such steps follows the load, and the medians of successive
 150-step stretches of one unchanged loop ranged from 0.88x to 1.23x of the loop's median
-(docs/ci.md). Added to the noise margin of a CPU-time step time when the load changed, at least
-:data:`LOAD_NOISE_MIN_NS`."""
-
-LOAD_NOISE_MIN_NS = 1_000_000.0
-"""The smallest allowance for a change of load, in ns: losing the core costs the thread its caches
-whatever the length of its step (+0.5-1.1 ms of CPU time per preempted 3 ms step at load 7), so a
-short step can move by several times its length (an unchanged 0.33 ms step measured 1.15 ms
-at load 22)."""
+(docs/ci.md). Added to the noise margin of a CPU-time step time when the load changed."""
 
 
 @dataclass(frozen=True)
@@ -196,8 +189,7 @@ class Noise:
     neither side has two runs: not measured); ``margin`` is what a change must exceed beyond its
     budget to fail, and stay below under it to pass: the spread, at least :data:`MIN_NOISE` of
     the baseline for a timed metric, or :data:`UNSEEN_NOISE` of it when not measured; plus
-    :data:`LOAD_NOISE` of it (at least :data:`LOAD_NOISE_MIN_NS`) when ``load`` (CPU-time step
-    times only) says the load changed.
+    :data:`LOAD_NOISE` of it when ``load`` (CPU-time step times only) says the load changed.
     """
 
     baseline_runs: int
@@ -227,6 +219,6 @@ def run_noise(base: Sequence[float], cand: Sequence[float], *, timed: bool, load
     reference = abs(median(list(base)))
     if not timed:
         return Noise(len(base), len(cand), spread, spread or 0.0)
-    allowance = max(LOAD_NOISE * reference, LOAD_NOISE_MIN_NS) if load is not None and load.changed else 0.0
+    allowance = LOAD_NOISE * reference if load is not None and load.changed else 0.0
     margin = UNSEEN_NOISE * reference if spread is None else max(spread, MIN_NOISE * reference)
     return Noise(len(base), len(cand), spread, margin + allowance, load, allowance)
