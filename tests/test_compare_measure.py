@@ -133,3 +133,61 @@ def test_a_cpu_run_is_compared_in_full(cpu_store: Path, capsys: pytest.CaptureFi
         assert metrics[metric]["baseline"]["median"] == pytest.approx(expected) and metrics[metric]["delta"] == 0
     assert metrics["compute_ops"]["baseline"]["median"] > 0
     assert metrics["compute"]["baseline"] is None  # no GPU: the GPU parts abstain, with the reason
+
+
+def _loaded_run(run: str, cpu_ms: float, wall_ms: float) -> RunProfile:
+    """A hand-made CPU run whose steps used ``cpu_ms`` of the thread's CPU time and took
+    ``wall_ms`` (the rest it waited for a core)."""
+    profile = _cpu_run(run, cpu_ms, MLP)
+    profile.samples["wall_time"] = [wall_ms * 1e6] * 5
+    return profile
+
+
+BASE = [_loaded_run("b1", 10.0, 12.0), _loaded_run("b2", 10.2, 12.24), _loaded_run("b3", 10.4, 12.48)]
+"""Three baseline runs at one load (wall 1.2x CPU): step time 10.2 ms, noise 0.4 ms."""
+
+
+def _judge(cands: list[RunProfile], base: list[RunProfile] = BASE) -> tuple[str, list[str], dict[str, object]]:
+    comparison = compare_profiles(base, cands)
+    result = verdict(comparison, parse_budgets(["step_time:+10%"]), floors())
+    noise = comparison.metric("step_time").noise
+    assert noise is not None
+    return result.status, result.reasons, noise.to_json()
+
+
+def test_a_run_at_another_load_cannot_fail_on_cpu_time_alone() -> None:
+    """+22.5 % CPU time (12.5 ms against 10.2 ms) is a regression at the baseline's load (over
+    10 % + 0.4 ms of noise); the same CPU time from runs whose steps took 4x their CPU time in wall
+    time (a load burst, which moves CPU time too) is inconclusive: the margin gains 50 % of
+    10.2 ms (5.1 ms), so 2.3 ms is within 1.02 ms +- 5.5 ms. A 4x slowdown still fails; a 1.3x
+    slowdown measured in a quieter spell than the baseline's never passes."""
+    same_load = [_loaded_run(f"c{i}", 12.5, 15.0) for i in range(3)]
+    status, reasons, noise = _judge(same_load)
+    assert status == "regression" and noise["margin"] == pytest.approx(0.4e6)
+    assert noise["load"] == {"baseline": [1.2, 1.2, 1.2], "candidate": [1.2, 1.2, 1.2], "changed": False,
+                             "allowance": 0.0}
+
+    burst = [_loaded_run(f"c{i}", 12.5, 50.0) for i in range(3)]
+    status, reasons, noise = _judge(burst)
+    assert status == "inconclusive", reasons
+    assert noise["margin"] == pytest.approx(0.4e6 + 0.5 * 10.2e6) and noise["load"]["changed"] is True
+    assert "the candidate ran at another load (its steps took 4.0x their CPU time in wall time, the " \
+           "baseline's 1.2-1.2x)" in reasons[0]
+
+    assert _judge([_loaded_run(f"c{i}", 40.8, 163.2) for i in range(3)])[0] == "regression"  # 4x, at 4x load
+    # a baseline recorded in a burst: CPU time 1.3x what the code needs, wall 3x that; the code
+    # made 1.3x slower, measured on a quiet machine, shows +1 %: at the baseline's load it would pass
+    busy_base = [_loaded_run("b1", 13.0, 39.0), _loaded_run("b2", 13.26, 39.78), _loaded_run("b3", 13.52, 40.56)]
+    assert _judge([_loaded_run(f"c{i}", 13.4, 40.2) for i in range(3)], busy_base)[0] == "pass"
+    status, reasons, noise = _judge([_loaded_run(f"c{i}", 13.4, 13.4) for i in range(3)], busy_base)
+    assert status == "inconclusive" and noise["load"]["changed"] is True, reasons
+
+
+def test_the_load_must_leave_the_baselines_range_by_a_quarter() -> None:
+    from stepscope.analysis.compare.stats import Load
+
+    assert not Load((1.2, 1.6), (2.0,)).changed  # 1.6 x 1.25 = 2.0: not beyond
+    assert Load((1.2, 1.6), (2.01,)).changed
+    assert not Load((1.2, 1.6), (0.96,)).changed and Load((1.2, 1.6), (0.95,)).changed  # 1.2 / 1.25 = 0.96
+    assert Load((1.0, 1.0), (1.0, 3.0, 3.0)).changed  # the candidate's median run counts
+    assert not Load((1.0, 1.0), (1.0, 1.0, 3.0)).changed

@@ -26,6 +26,7 @@ from stepscope.analysis.compare.budgets import COPY_DIRECTIONS
 from stepscope.analysis.compare.comparability import Check, comparability
 from stepscope.analysis.compare.snapshots import compare_snapshots
 from stepscope.analysis.compare.metrics import (
+    CPU_TIME_SOURCE,
     RunFacts,
     NamedStat,
     RunProfile,
@@ -35,10 +36,12 @@ from stepscope.analysis.compare.metrics import (
 )
 from stepscope.analysis.compare.stats import (
     MannWhitney,
+    Load,
     Noise,
     Spread,
     mann_whitney_greater,
     mann_whitney_less,
+    run_load,
     run_noise,
     spread,
 )
@@ -90,6 +93,9 @@ class MetricDelta:
     base_runs: tuple[float, ...] = ()
     """The per-run values of the baseline's runs (empty when absent)."""
     cand_runs: tuple[float, ...] = ()
+    load: Load | None = None
+    """Each run's load (:class:`~stepscope.analysis.compare.stats.Load`): set on a step time
+    measured in the training thread's CPU time, which load moves."""
 
     @property
     def base_value(self) -> float | None:
@@ -104,7 +110,7 @@ class MetricDelta:
         """Run-to-run noise of this metric (None when a side has no value)."""
         if not self.base_runs or not self.cand_runs:
             return None
-        return run_noise(self.base_runs, self.cand_runs, timed=self.unit != "bytes")
+        return run_noise(self.base_runs, self.cand_runs, timed=self.unit != "bytes", load=self.load)
 
     @property
     def delta(self) -> float | None:
@@ -323,9 +329,14 @@ def _metrics(base: Maybe[Side], cand: Side, step_source: str) -> list[MetricDelt
                            peaks(base), peaks(cand), "memory.step_peaks.peak_allocated_bytes"))
     for metric, label, source in BANDWIDTH_METRICS:
         metrics.append(_metric(metric, label, "gbps", "median", samples(base, metric), samples(cand, metric), source))
-    metrics.append(_metric("wall_time", "step wall time", "ns", "median", samples(base, "wall_time"),
-                           samples(cand, "wall_time"), wall_source))
+    wall = _metric("wall_time", "step wall time", "ns", "median", samples(base, "wall_time"),
+                   samples(cand, "wall_time"), wall_source)
+    metrics.append(wall)
     metrics += parts("host", "host_breakdown")
+    step = metrics[0]
+    if step_source == CPU_TIME_SOURCE and step.base_runs and step.cand_runs and wall.base_runs and wall.cand_runs:
+        metrics[0] = replace(step, load=Load(run_load(wall.base_runs, step.base_runs),
+                                             run_load(wall.cand_runs, step.cand_runs)))
     return metrics
 
 

@@ -14,6 +14,9 @@ assumed, and said so); ``T`` is the budget's threshold:
    noise hid part of it; pass.
 3. ``floor``: it is no larger than the metric's absolute floor
    (:func:`stepscope.analysis.compare.budgets.floors`: 0.5 ms, 16 MiB, 1 GB/s by default); pass.
+   Not when the candidate ran at another load than the baseline (a CPU-time step time whose
+   margin includes the load's, :class:`~stepscope.analysis.compare.stats.Load`): a load change
+   moves CPU time by more than the floor, so a small change then says nothing either way.
 4. ``noise``: it exceeds ``T + M``: over budget by more than runs of the same code differ; fail.
 5. ``grey_zone``: between the two, noise alone could put it on either side of the budget;
    inconclusive (the pytest plugin re-runs the test first).
@@ -34,6 +37,7 @@ from stepscope.analysis.compare.budgets import Budget
 from stepscope.analysis.compare.budgets import floors as default_floors
 from stepscope.analysis.compare.comparison import Comparison, MetricDelta
 from stepscope.analysis.compare.stats import MannWhitney, Noise
+from stepscope.analysis.quantiles import median
 from stepscope.errors import Inconclusive, StepscopeError
 from stepscope.units import format_value, p_value, signed_percent
 
@@ -107,9 +111,21 @@ def noise_text(noise: Noise, unit: str) -> str:
     runs = f"{noise.baseline_runs} baseline run{'s' * (noise.baseline_runs != 1)}, " \
            f"{noise.candidate_runs} candidate run{'s' * (noise.candidate_runs != 1)}"
     if not noise.measured:
-        return (f"run-to-run noise not measured ({runs}): assumed +-{format_value(noise.margin, unit)}; "
+        text = (f"run-to-run noise not measured ({runs}): assumed +-{format_value(noise.margin, unit)}; "
                 "a change that size could be noise it cannot see")
-    return f"run-to-run noise +-{format_value(noise.margin, unit)} ({runs})"
+    else:
+        text = f"run-to-run noise +-{format_value(noise.margin, unit)} ({runs})"
+    return text + _load_text(noise, unit)
+
+
+def _load_text(noise: Noise, unit: str) -> str:
+    """What the change of load added to the margin, in words (nothing when it did not change)."""
+    load = noise.load
+    if load is None or not noise.load_allowance:
+        return ""
+    return (f"; the candidate ran at another load (its steps took {median(list(load.candidate)):.1f}x their CPU "
+            f"time in wall time, the baseline's {min(load.baseline):.1f}-{max(load.baseline):.1f}x), which moves "
+            f"CPU time too: +-{format_value(noise.load_allowance, unit)} of it included")
 
 
 def _between_runs(test: MannWhitney | None, alpha: float) -> str:
@@ -140,7 +156,7 @@ def evaluate_budget(comparison: Comparison, budget: Budget, floor: float) -> Bud
     about = f"{noise_text(noise, m.unit)}{_between_runs(test, comparison.alpha)}"
     if m.delta == 0 or change <= threshold - margin:
         return result("pass", False, p, "threshold", f"{_change_text(m)}, within {limit} ({about})")
-    if abs(m.delta) <= floor:
+    if abs(m.delta) <= floor and not noise.load_allowance:
         return result("pass", exceeded, p, "floor", f"{_change_text(m)}, within the {format_value(floor, m.unit)} "
                                                     f"floor ({about})")
     if change > threshold + margin:

@@ -40,6 +40,9 @@ STEP_MEASURES: tuple[str, ...] = ("gpu_ns", "cpu_ns", "wall_ns")
 """Columns of ``step_times`` the step time can be judged on, in order of preference: device time
 (a GPU run), the training thread's CPU time (a CPU run: the measure other processes on the
 machine disturb least, docs/ci.md), wall time. ``step_source`` names them ``step_times.<column>``."""
+CPU_TIME_SOURCE = "step_times.cpu_ns"
+"""The step time's source when it is the training thread's CPU time, the measure whose noise
+margin follows the load (:class:`~stepscope.analysis.compare.stats.Load`)."""
 
 
 @dataclass(frozen=True)

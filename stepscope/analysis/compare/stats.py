@@ -136,6 +136,51 @@ UNSEEN_NOISE = 0.05
 it (5 % of the baseline's value); the gate says it assumed it."""
 
 
+LOAD_TOLERANCE = 0.25
+"""How far the candidate's load (:class:`Load`) may lie outside the range of the baseline runs'
+before the gate counts it as another load: a factor of 1.25 either way (runs of the same code at
+the same load differ by about that much in it)."""
+
+LOAD_NOISE = 0.5
+"""What a change of load can do to the training thread's CPU time, as a fraction of the
+baseline's value: on this project's 2-core machine at load 7, a step during which the thread lost
+its core to another process used 30-45 % more CPU time than one that kept it (its caches refilled
+after the switch), the share of such steps follows the load, and the medians of successive
+150-step stretches of one unchanged loop ranged from 0.88x to 1.23x of the loop's median
+(docs/ci.md). Added to the noise margin of a CPU-time step time when the load changed."""
+
+
+@dataclass(frozen=True)
+class Load:
+    """How busy the machine was during each run, as the training thread felt it: a run's median
+    step wall time over its median step CPU time (1.0: the thread never waited for a core; 3.0:
+    its steps took three times the CPU they used).
+
+    CPU time is the measure load moves least, not a measure load cannot move: a run that landed in
+    a burst of other work measures more CPU time for the same code. So when the candidate's load
+    (the median of its runs') lies outside the baseline runs' range by more than
+    :data:`LOAD_TOLERANCE`, the CPU time's noise margin gains :data:`LOAD_NOISE`: a change that
+    size then cannot fail, nor pass, on CPU time alone (inconclusive; the plugin re-runs it).
+    """
+
+    baseline: tuple[float, ...]
+    candidate: tuple[float, ...]
+
+    @property
+    def changed(self) -> bool:
+        cand = median(list(self.candidate))
+        return cand > max(self.baseline) * (1 + LOAD_TOLERANCE) or cand < min(self.baseline) / (1 + LOAD_TOLERANCE)
+
+    def to_json(self) -> dict[str, object]:
+        return {"baseline": list(self.baseline), "candidate": list(self.candidate), "changed": self.changed}
+
+
+def run_load(wall: Sequence[float], cpu: Sequence[float]) -> tuple[float, ...]:
+    """Each run's :class:`Load` value from its median step wall and CPU times (a run whose CPU
+    time is 0 counts as unloaded: nothing ran to be disturbed)."""
+    return tuple(w / c if c > 0 else 1.0 for w, c in zip(wall, cpu))
+
+
 @dataclass(frozen=True)
 class Noise:
     """How much a metric moves between runs of the same code, as far as these runs show.
@@ -143,31 +188,37 @@ class Noise:
     ``spread`` is the larger range (max - min) of the per-run values on either side (None when
     neither side has two runs: not measured); ``margin`` is what a change must exceed beyond its
     budget to fail, and stay below under it to pass: the spread, at least :data:`MIN_NOISE` of
-    the baseline for a timed metric, or :data:`UNSEEN_NOISE` of it when not measured.
+    the baseline for a timed metric, or :data:`UNSEEN_NOISE` of it when not measured; plus
+    :data:`LOAD_NOISE` of it when ``load`` (CPU-time step times only) says the load changed.
     """
 
     baseline_runs: int
     candidate_runs: int
     spread: float | None
     margin: float
+    load: Load | None = None
+    load_allowance: float = 0.0
+    """The part of ``margin`` that the change of load added (0 when it did not change)."""
 
     @property
     def measured(self) -> bool:
         return self.spread is not None
 
-    def to_json(self) -> dict[str, float | int | bool | None]:
+    def to_json(self) -> dict[str, object]:
         return {"baseline_runs": self.baseline_runs, "candidate_runs": self.candidate_runs,
-                "measured": self.measured, "spread": self.spread, "margin": self.margin}
+                "measured": self.measured, "spread": self.spread, "margin": self.margin,
+                "load": None if self.load is None else {**self.load.to_json(), "allowance": self.load_allowance}}
 
 
-def run_noise(base: Sequence[float], cand: Sequence[float], *, timed: bool) -> Noise:
+def run_noise(base: Sequence[float], cand: Sequence[float], *, timed: bool, load: Load | None = None) -> Noise:
     """The :class:`Noise` of a metric from its per-run values (each side at least one);
-    ``timed``: a time or a rate measured from times, which the machine's load moves."""
+    ``timed``: a time or a rate measured from times, which the machine's load moves; ``load``:
+    each run's load, for a step time measured in CPU time."""
     ranges = [max(side) - min(side) for side in (base, cand) if len(side) >= 2]
     spread = max(ranges) if ranges else None
     reference = abs(median(list(base)))
     if not timed:
         return Noise(len(base), len(cand), spread, spread or 0.0)
-    if spread is None:
-        return Noise(len(base), len(cand), None, UNSEEN_NOISE * reference)
-    return Noise(len(base), len(cand), spread, max(spread, MIN_NOISE * reference))
+    allowance = LOAD_NOISE * reference if load is not None and load.changed else 0.0
+    margin = UNSEEN_NOISE * reference if spread is None else max(spread, MIN_NOISE * reference)
+    return Noise(len(base), len(cand), spread, margin + allowance, load, allowance)
