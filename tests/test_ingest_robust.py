@@ -352,9 +352,9 @@ def test_a_store_below_a_file_is_one_line(tmp_path: Path, make_trace) -> None:
 def test_a_write_error_after_some_parts_leaves_no_file_behind(tmp_path: Path, make_trace, monkeypatch,
                                                                fail_at: str) -> None:
     """The parts of a trace are written under temporary names and put in place together
-    (``writer.PartBatch``): a failure half way, or while they are flushed and renamed, leaves no
+    (``atomic.AtomicBatch``): a failure half way, or while they are flushed and renamed, leaves no
     part and no temporary file of the refused trace, and the store as it was."""
-    from stepscope.store import ingest, writer
+    from stepscope.store import atomic, ingest
 
     store = tmp_path / "store"
     make_trace("rank0.json", GOOD_EVENTS)
@@ -372,7 +372,7 @@ def test_a_write_error_after_some_parts_leaves_no_file_behind(tmp_path: Path, ma
 
         monkeypatch.setattr("stepscope.store.ingest.write_partition", write)
     else:
-        real_fsync = writer._fsync
+        real_fsync = atomic._fsync
 
         def fsync(path: Path) -> None:
             written.append(str(path))
@@ -380,7 +380,7 @@ def test_a_write_error_after_some_parts_leaves_no_file_behind(tmp_path: Path, ma
                 raise OSError(errno.EIO, os.strerror(errno.EIO))
             real_fsync(path)
 
-        monkeypatch.setattr(writer, "_fsync", fsync)
+        monkeypatch.setattr(atomic, "_fsync", fsync)
     report = ingest_paths([tmp_path / "traces" / "rank0.json"], store, "new")
     assert len(report.errors) == 1 and len(written) >= 5
     assert sorted(str(p.relative_to(store)) for p in store.rglob("*") if p.is_file()) == before

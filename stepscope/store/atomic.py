@@ -24,6 +24,7 @@ import os
 import secrets
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -49,6 +50,14 @@ def remove_stale_temporaries(target: Path, older_than_s: float = STALE_TMP_S) ->
             pass
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_path(target: Path | str) -> Iterator[Path]:
     """Yield a temporary path beside ``target`` (creating its folder) for a writer that opens the
@@ -60,11 +69,7 @@ def atomic_path(target: Path | str) -> Iterator[Path]:
     tmp = temporary_path(target)
     try:
         yield tmp
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(tmp)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -92,3 +97,49 @@ def move_file(source: Path | str, target: Path | str) -> None:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     os.replace(source, target)
+
+
+FSYNC_THREADS = 32
+"""At most this many files flushed to disk at once by :meth:`AtomicBatch.place`."""
+
+
+class AtomicBatch:
+    """Files written under temporary names (:meth:`add`), then made durable together and renamed
+    into place (:meth:`place`), or all removed (:meth:`discard`): a reader sees each file whole or
+    not at all, as with :func:`atomic_path`, for one round of ``fsync`` instead of one per file.
+
+    Why: the ~25 parts of one trace, fsynced one after the other, cost ~5 ms each here (0.13 s of
+    a small trace's ingest); issued together the file system commits them in a few journal writes
+    (0.03 s). Each file is still complete on disk before its name appears."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Path, Path]] = []
+
+    def add(self, target: Path) -> Path:
+        """The temporary path to write ``target``'s data to (its folder created)."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(target)
+        tmp = temporary_path(target)
+        self._pending.append((tmp, target))
+        return tmp
+
+    def place(self) -> list[Path]:
+        """Flush every file to disk (at once: the fsyncs run in threads), then rename each into
+        place; the files' final paths. Raises ``OSError`` (the files not yet placed stay pending)."""
+        if self._pending:
+            with ThreadPoolExecutor(max_workers=min(FSYNC_THREADS, len(self._pending))) as pool:
+                list(pool.map(_fsync, [tmp for tmp, _ in self._pending]))
+        placed = []
+        while self._pending:
+            tmp, target = self._pending[0]
+            os.replace(tmp, target)
+            self._pending.pop(0)
+            placed.append(target)
+        return placed
+
+    def discard(self) -> None:
+        """Remove the files not placed (a failure before or during :meth:`place`)."""
+        for tmp, _ in self._pending:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        self._pending.clear()

@@ -44,7 +44,8 @@ from stepscope.store.files import select_trace_files
 from stepscope.store.kineto import KinetoTrace, read_trace
 from stepscope.store.location import is_url
 from stepscope.store.objectstore import RemoteStore
-from stepscope.store.writer import PartBatch, part_path, run_id, write_partition
+from stepscope.store.atomic import AtomicBatch
+from stepscope.store.writer import part_path, run_id, write_partition
 from stepscope.store.snapshot import ingest as snapshot_ingest
 from stepscope.store.snapshot.unpickle import is_snapshot_file
 
@@ -213,7 +214,7 @@ def convert_file(
     work = Path(tempfile.mkdtemp(prefix="stepscope-ingest-"))
     con = engine.connect(limit=ingest_memory_limit(memory_limit), threads=threads or INGEST_THREADS)
     written: tuple[int, str] | None = None
-    batch = PartBatch()
+    batch = AtomicBatch()
     try:
         stager = Stager(Path(path), con)
         try:
@@ -289,7 +290,7 @@ copies of df_index_resolver peaked at 458 MB against 237 MB for one)."""
 
 
 def write_rank_tables(con: duckdb.DuckDBPyConnection, root: Path, run: str, rank: int, source: str,
-                      parts: dict[str, Path], *, batch: PartBatch | None = None) -> None:
+                      parts: dict[str, Path], *, batch: AtomicBatch | None = None) -> None:
     """Write each per-rank table (``stepscope.store.rankstats``) of one trace, computed in ``con`` from
     the trace's parts ``parts`` (events, steps, ...), into ``batch`` when given (ingest: the
     trace's parts are put in place together). Ingest and ``stepscope migrate`` call it."""

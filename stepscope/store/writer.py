@@ -11,11 +11,9 @@ removes once it is ``STALE_TMP_S`` old.
 A part's rows are an Arrow table (the collector's tables, ``sources``) or a ``PartSource`` that
 writes the file itself (ingest's DuckDB queries); this module imports pyarrow only for the first.
 
-The ~25 parts of one trace are written as one :class:`PartBatch`: each under its temporary name,
-then all flushed to disk at once and renamed into place. One ``fsync`` per part, one after the
-other, cost ~5 ms each here (0.13 s of a small trace's ingest); issued together the file system
-commits them in a few journal writes (0.03 s). Each part is still complete on disk before its
-name appears.
+The ~25 parts of one trace are written as one :class:`~stepscope.store.atomic.AtomicBatch`
+(ingest's ``convert_file``): each under its temporary name, then all flushed to disk at once and
+renamed into place.
 """
 
 from __future__ import annotations
@@ -26,12 +24,11 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Union
 
 from stepscope.errors import UsageError
-from stepscope.store.atomic import atomic_path, atomic_write, move_file, remove_stale_temporaries, temporary_path
+from stepscope.store.atomic import AtomicBatch, atomic_path, atomic_write, move_file
 from stepscope.store.constants import file_metadata
 from stepscope.store.location import is_url
 
@@ -76,56 +73,6 @@ class PartSource(Protocol):
 
 PartData = Union["pa.Table", PartSource]
 
-FSYNC_THREADS = 32
-"""At most this many parts flushed to disk at once by :meth:`PartBatch.place`."""
-
-
-class PartBatch:
-    """Parts written under temporary names (:meth:`add`), then made durable together and renamed
-    into place (:meth:`place`), or all removed (:meth:`discard`): a reader sees each part whole
-    or not at all, as with ``atomic_path``, for one round of ``fsync`` instead of one per part."""
-
-    def __init__(self) -> None:
-        self._pending: list[tuple[Path, Path]] = []
-
-    def add(self, target: Path) -> Path:
-        """The temporary path to write ``target``'s data to (its folder created)."""
-        target.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(target)
-        tmp = temporary_path(target)
-        self._pending.append((tmp, target))
-        return tmp
-
-    def place(self) -> list[Path]:
-        """Flush every part to disk (at once: the fsyncs run in threads), then rename each into
-        place; the parts' final paths. Raises ``OSError`` (the parts not yet placed stay pending)."""
-        if self._pending:
-            with ThreadPoolExecutor(max_workers=min(FSYNC_THREADS, len(self._pending))) as pool:
-                list(pool.map(_fsync, [tmp for tmp, _ in self._pending]))
-        placed = []
-        while self._pending:
-            tmp, target = self._pending[0]
-            os.replace(tmp, target)
-            self._pending.pop(0)
-            placed.append(target)
-        return placed
-
-    def discard(self) -> None:
-        """Remove the parts not placed (a failure before or during :meth:`place`)."""
-        for tmp, _ in self._pending:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-        self._pending.clear()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _encodings(spec: "pa.Schema") -> dict[str, object]:
     """Delta-encode integer columns (times and ids are near-sorted), dictionary-encode the rest.
 
@@ -142,7 +89,7 @@ def _encodings(spec: "pa.Schema") -> dict[str, object]:
 
 
 def write_partition(root: Path | str, table: str, run: str, rank: int, source: str,
-                    data: PartData, *, batch: PartBatch | None = None) -> Path | str:
+                    data: PartData, *, batch: AtomicBatch | None = None) -> Path | str:
     """Write ``data`` as the part of ``table`` that ``source`` contributes to (run, rank); on
     object storage (``root`` a URL) it is written here and uploaded (one PUT); returns its path.
     With ``batch`` (a local store, a ``PartSource``) the part is written under a temporary name,
