@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stepscope.commands._section_blocks import SECTION_BLOCKS, ns_cell

@@ -19,7 +19,6 @@ renamed into place.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
 import tempfile
