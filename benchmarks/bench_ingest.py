@@ -181,7 +181,7 @@ FLOOR_CANDIDATES = (
 
 STAGES = """
 import collections, time
-from stepscope.store import dedupe, ingest, rankstats, sessions, writer
+from stepscope.store import atomic, dedupe, ingest, rankstats, sessions
 from stepscope.store.rankstats import reduce
 SPENT = collections.defaultdict(lambda: [0.0, 0.0])
 
@@ -204,7 +204,7 @@ timed(ingest, "convert", "checks, steps, facts")
 timed(ingest, "write_partition", lambda root, table, *rest: "part " + table)
 timed(reduce, "present", "rank tables: what the trace holds")
 timed(rankstats, "prepare", "rank tables: the shared sweeps")
-timed(writer.PartBatch, "place", "parts put in place (fsync together, rename)")
+timed(atomic.AtomicBatch, "place", "parts put in place (fsync together, rename)")
 timed(sessions, "place", "commit: sessions and clashes")
 """
 """Setup of the stage breakdown: wraps what ``ingest_paths`` calls so each stage's wall and CPU
