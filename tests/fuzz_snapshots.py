@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -27,6 +28,11 @@ KEYS = ("segments", "device_traces", "address", "total_size", "requested_size", 
 MAX_ROWS = 50
 """Each seed's lists are cut to this many entries first: the reader's cost is per row, the
 shapes it meets are the same."""
+
+
+NEST_LIMIT = 500
+"""Deepest nesting a case builds; ``pickle.dumps`` spends about two levels of Python's recursion
+limit per level of nesting, so :func:`materialize_snapshot` raises that limit while it pickles."""
 
 
 def snapshot_seeds() -> list[str]:
@@ -88,7 +94,7 @@ def _nest(value: Any) -> Any:
     """A marker of ``VALUES`` as plain data: deep nesting as nested lists, raw bytes as bytes."""
     if isinstance(value, str) and value.startswith("\x00fuzz-nest:"):
         out: list[Any] = []
-        for _ in range(min(int(value.rpartition(":")[2]), 500)):  # pickle.dumps recurses (limit ~1000)
+        for _ in range(min(int(value.rpartition(":")[2]), NEST_LIMIT)):
             out = [out]
         return out
     if isinstance(value, str) and value.startswith("\x00fuzz-raw:"):
@@ -120,7 +126,12 @@ def materialize_snapshot(case: SnapshotCase) -> bytes:
     snap = copy.deepcopy(_seed(case.seed))
     for op in case.ops:
         snap = apply_snapshot_op(snap, op)
-    data = pickle.dumps(snap, protocol=case.protocol)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 4 * NEST_LIMIT + 1000))
+    try:
+        data = pickle.dumps(snap, protocol=case.protocol)
+    finally:
+        sys.setrecursionlimit(limit)
     for edit in case.edits:
         data = _edit(data, edit)
     return data
