@@ -13,11 +13,13 @@ its host time line; at a wait that held the host (the awaited work ended after t
 there) into the awaited work: a matched collective's transfer from its last arrival, then to
 that last-arriving rank's issue of it and on along *its* host; the GPU's work up to the wait
 (an unmatched collective: its whole duration); until a step start is reached. Its pieces are
-contiguous, so its length is the step's end on the last rank minus the start of the rank where
-it begins: the measured step of the rank that ends last when the path starts there, the
-cross-rank span otherwise. Each piece is cut into the catalogue's parts (host pieces by the
-host breakdown's time line, GPU pieces by the GPU's, ``rank_segments``; a transfer is
-``comm_transfer``, a gloo one ``communication_transfer``).
+contiguous. Where it begins, its rank's step start, another rank may have started earlier:
+that rank waited for nothing of this step, and the path's rank was still in its previous step
+(its thread order), so the path begins with that rank's **carried** piece, from the earliest
+start over the ranks to its own. Its length is therefore the measured step: the latest end minus
+the earliest start over the ranks (aligned). Each piece is cut into the catalogue's parts (host
+and carried pieces by the host breakdown's time line, GPU pieces by the GPU's,
+``rank_segments``; a transfer is ``comm_transfer``, a gloo one ``communication_transfer``).
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class StepGraph:
 
 @dataclass(frozen=True)
 class Piece:
-    """A stretch of the critical path: ``what`` (host, gpu, transfer, issue) on ``rank``."""
+    """A stretch of the critical path: ``what`` (host, gpu, transfer, issue, carried) on ``rank``."""
 
     rank: int
     what: str
@@ -97,8 +99,10 @@ def _key(rank: int, ts: int, end: int, stream: Any, tid: Any) -> KEY:
     return (rank, ts, end, -1 if stream is None else int(stream), -1 if tid is None else int(tid))
 
 
-def _collectives(store: SQLStore, run: str) -> tuple[dict[KEY, Collective], dict[int, int]]:
-    """Every collective event by key, aligned, and each rank's clock correction."""
+def _collectives(store: SQLStore, run: str) -> tuple[dict[KEY, Collective], dict[int, int], Unpaired | None]:
+    """Every collective event by key, aligned, with sends paired to their recvs per peer
+    (:func:`pair_p2p`), each rank's clock correction, and what point-to-point transfers stayed
+    unpaired."""
     table = store.sql("SELECT rank, ts_ns, end_ns, stream, tid, host_side, collective, name FROM rank_collectives "
                       "WHERE run = $run", {"run": run})
     out: dict[KEY, Collective] = {}
@@ -113,10 +117,73 @@ def _collectives(store: SQLStore, run: str) -> tuple[dict[KEY, Collective], dict
             corrections[r["rank"]] = int(r["clock_correction_ns"] or 0)
             if c is not None and r["valid"]:
                 c.inst = int(r["inst_id"])
+    unpaired = pair_p2p(store, run, out) if len(corrections) >= 2 else None
     for c in out.values():
         shift = corrections.get(c.rank, 0)
         c.ts, c.end = c.ts - shift, c.end - shift
-    return out, corrections
+    return out, corrections, unpaired
+
+
+P2P = ("send", "recv")
+"""Point-to-point transfers: paired per peer (:func:`pair_p2p`), not by the matching's order."""
+
+
+@dataclass(frozen=True)
+class Unpaired:
+    """Point-to-point transfers the replay could not pair with their other side, and why: they
+    replay as their own measured time (absent from the cross-rank graph, never a 0 wait)."""
+
+    count: int
+    reason: str
+
+
+def pair_p2p(store: SQLStore, run: str, colls: dict[KEY, Collective]) -> Unpaired | None:
+    """Pair every send with its recv: the k-th send of rank a to peer b with the k-th recv of
+    rank b from peer a, in time order per (pair, direction). The matching's instances pair the
+    k-th transfer of each rank of the group whatever its peer, which ties an interleaved or
+    multi-peer pipeline's recvs to other sends. A transfer's peer is that of the latest host op
+    of its direction (``c10d::send``/``c10d::recv_``, :func:`p2p_transfers`) at or before it on its
+    rank (both in the rank's own clock: called before the clocks are aligned). Returns what
+    stayed unpaired (None when every transfer paired)."""
+    transfers = [c for c in colls.values() if c.name in P2P]
+    if not transfers:
+        return None
+    from stepscope.analysis.pipeline_stages import p2p_transfers
+
+    ops: dict[tuple[int, bool], tuple[list[int], list[int | None]]] = {}
+    for r in p2p_transfers(store, run).to_pylist():
+        ts, peers = ops.setdefault((r["rank"], bool(r["send"])), ([], []))
+        ts.append(r["ts_ns"])
+        peers.append(r["peer"])
+    lanes: dict[tuple[int, int, str], list[Collective]] = defaultdict(list)
+    no_peer = 0
+    for c in sorted(transfers, key=lambda c: (c.ts, c.rank)):
+        c.inst = None
+        ts, peers = ops.get((c.rank, c.name == "send"), ([], []))
+        i = bisect_left(ts, c.ts + 1) - 1
+        peer = peers[i] if i >= 0 else None
+        if peer is None:
+            no_peer += 1
+            continue
+        src, dst = (c.rank, int(peer)) if c.name == "send" else (int(peer), c.rank)
+        lanes[(src, dst, c.name)].append(c)
+    next_id, leftover = -1, 0
+    for (src, dst, name), sends in lanes.items():
+        if name != "send":
+            continue
+        recvs = lanes.get((src, dst, "recv"), [])
+        for s, r in zip(sends, recvs):
+            s.inst = r.inst = next_id
+            next_id -= 1
+        leftover += abs(len(sends) - len(recvs))
+    leftover += sum(len(v) for (src, dst, name), v in lanes.items() if name == "recv" and (src, dst, "send") not in lanes)
+    reasons = []
+    if no_peer:
+        reasons.append(f"{no_peer} with no c10d::send/c10d::recv_ op naming their peer (Concrete Inputs: "
+                       "record_shapes=True) before them")
+    if leftover:
+        reasons.append(f"{leftover} whose other side is not in the traced ranks or steps")
+    return Unpaired(no_peer + leftover, "; ".join(reasons)) if reasons else None
 
 
 def step_graphs(store: SQLStore, run: str, ranks: Sequence[int] | None, colls: dict[KEY, Collective],
@@ -229,6 +296,10 @@ def critical_path(g: StepGraph) -> list[Piece]:
             pieces.append(Piece(rs.rank, "gpu", nxt.t, nxt.dep_end))
             t = nxt.t
         marks = [m for m in marks if m.t < t]
+    # the path begins at its rank's step start; a rank that started earlier waited for nothing of
+    # this step: the path's rank was still in its previous step (thread order), the carried piece
+    first = min(r.start for r in g.ranks.values())
+    pieces.append(Piece(rs.rank, "carried", first, rs.start))
     pieces.reverse()
     return [p for p in pieces if p.t1 > p.t0]
 
@@ -331,15 +402,18 @@ class RunGraph:
     graphs: dict[int, StepGraph]
     shift: dict[int, int]
     segments: Segments
+    unpaired: Unpaired | None = None
+    """Point-to-point transfers left out of the graph's pairs, and why (None: none)."""
 
 
 def run_graph(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> RunGraph | None:
     """The run's :class:`RunGraph` (None when no step has a rank window)."""
-    colls, shift = _collectives(store, run)
+    colls, shift, unpaired = _collectives(store, run)
     graphs = {s: g for s, g in step_graphs(store, run, ranks, colls, shift).items() if g.ranks}
     if not graphs:
         return None
-    return RunGraph(graphs, shift, Segments(store, run, sorted({r for g in graphs.values() for r in g.ranks})))
+    return RunGraph(graphs, shift, Segments(store, run, sorted({r for g in graphs.values() for r in g.ranks})),
+                    unpaired)
 
 
 def paths_of(rg: RunGraph) -> list[StepPath]:

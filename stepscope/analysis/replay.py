@@ -18,7 +18,9 @@ A step's replayed time is the mean over its ranks of (replayed end - start), as 
 means windows. Unchanged, the replay gives back each step as measured up to what the model
 cannot express (lanes queued behind one another, clocks off by less than the matching corrects,
 a collective starting before its issue); that difference, over the run's steps, is the **error
-bar** printed with every prediction (docs/ANALYSIS.md, "Critical path and what-if").
+bar** printed with every prediction (docs/ANALYSIS.md, "Critical path and what-if"). Being near 0
+by construction, it is printed beside the **held-out error** (:func:`heldout_error`): how far a
+step lies from the other steps' replays, the run's own step-to-step variation.
 
 Changes (``--change`` of ``stepscope whatif``, :func:`parse_change`):
 
@@ -33,11 +35,12 @@ Changes (``--change`` of ``stepscope whatif``, :func:`parse_change`):
 from __future__ import annotations
 
 import re
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from stepscope.analysis.critical_path import (Collective, Mark, RankStep, RunGraph, Segments, StepGraph,
+from stepscope.analysis.critical_path import (Collective, Mark, RankStep, RunGraph, Segments, StepGraph, Unpaired,
                                               binding_members, last_arrival, run_graph)
 from stepscope.analysis.sections import SQLStore
 from stepscope.errors import UsageError
@@ -231,7 +234,14 @@ class StepPrediction:
 @dataclass(frozen=True)
 class WhatIf:
     """A what-if over a run: its steps, the means, and the error bar (the unchanged replay's mean
-    absolute difference to the measured steps, ns; also as a fraction of the measured mean)."""
+    absolute difference to the measured steps, ns; also as a fraction of the measured mean).
+
+    ``heldout_error_ns``: the prediction error on held-out steps: each step predicted by the
+    median of the *other* steps' unchanged replays, the mean absolute difference to its measured
+    time (None with fewer than two steps). The replay keeps every measured gap, so its own error
+    is near 0 by construction; a typical step predicted from the others is off by the run's
+    step-to-step variation, which bounds how close any prediction of another run can come.
+    ``unpaired``: the point-to-point transfers the graph could not pair, and why (None: none)."""
 
     run: str
     changes: tuple[str, ...]
@@ -240,6 +250,8 @@ class WhatIf:
     unchanged_ns: float
     predicted_ns: float
     error_ns: float
+    heldout_error_ns: float | None = None
+    unpaired: Unpaired | None = None
 
     @property
     def error_share(self) -> float:
@@ -254,6 +266,9 @@ class WhatIf:
         return {"run": self.run, "changes": list(self.changes), "measured_ns": round(self.measured_ns),
                 "unchanged_ns": round(self.unchanged_ns), "predicted_ns": round(self.predicted_ns),
                 "saving_ns": round(self.saving_ns), "error_ns": round(self.error_ns),
+                "heldout_error_ns": None if self.heldout_error_ns is None else round(self.heldout_error_ns),
+                "unpaired": None if self.unpaired is None else {"count": self.unpaired.count,
+                                                                "reason": self.unpaired.reason},
                 "steps": [{"step": s.step, "measured_ns": round(s.measured_ns), "unchanged_ns": round(s.unchanged_ns),
                            "predicted_ns": round(s.predicted_ns)} for s in self.steps]}
 
@@ -283,4 +298,14 @@ def replay(rg: RunGraph, run: str, changes: Sequence[Change]) -> WhatIf:
         by["u"] += p.unchanged_ns / n
         by["p"] += p.predicted_ns / n
         by["e"] += abs(p.unchanged_ns - p.measured_ns) / n
-    return WhatIf(run, tuple(c.text for c in changes), tuple(steps), by["m"], by["u"], by["p"], by["e"])
+    return WhatIf(run, tuple(c.text for c in changes), tuple(steps), by["m"], by["u"], by["p"], by["e"],
+                  heldout_error(steps), rg.unpaired)
+
+
+def heldout_error(steps: Sequence[StepPrediction]) -> float | None:
+    """Each step predicted by the median of the other steps' unchanged replays: the mean absolute
+    difference to its measured time (None with fewer than two steps)."""
+    if len(steps) < 2:
+        return None
+    return sum(abs(statistics.median(o.unchanged_ns for o in steps if o is not p) - p.measured_ns)
+               for p in steps) / len(steps)
