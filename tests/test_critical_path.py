@@ -230,9 +230,10 @@ def test_sends_pair_with_their_recvs_per_peer(store: Any) -> None:
             if {m.name for m in members} == {"send", "recv"}:
                 pairs[inst] = members
     assert len(pairs) == 24
-    # a recv cannot end before its send started (the matching's order across the group paired 9 so)
+    # a recv cannot end before its send was issued (the matching's order across the group paired
+    # 9 so); the send's gloo:send annotation itself starts only after its c10d::send op moved the data
     for send, recv in (sorted(m, key=lambda c: c.name != "send") for m in pairs.values()):
-        assert send.ts <= recv.end
+        assert send.arrival <= recv.end and send.arrival < send.ts
     assert {frozenset((m.rank, m.ts) for m in members) for members in pairs.values()} == \
         _raw_p2p_pairs("pp-interleaved-2ranks", 2)
 

@@ -52,6 +52,14 @@ class Collective:
     host_side: bool
     name: str
     inst: int | None = None
+    issued: int | None = None
+    """A point-to-point transfer's issue (aligned): when its rank arrived at it (a gloo transfer's
+    annotation may start only after its op moved the data)."""
+
+    @property
+    def arrival(self) -> int:
+        """When the rank arrived at the collective: its start; a point-to-point transfer's issue."""
+        return self.ts if self.issued is None else min(self.issued, self.ts)
 
 
 @dataclass
@@ -218,6 +226,8 @@ def step_graphs(store: SQLStore, run: str, ranks: Sequence[int] | None, colls: d
             rs.marks = [m for m in rs.marks if rs.start <= m.t <= rs.end]
             rs.marks.sort(key=lambda m: (m.t, m.kind != "issue"))
             for m in rs.marks:
+                if m.kind == "issue" and m.dep is not None and m.dep.name in P2P:
+                    m.dep.issued = m.t
                 if m.kind == "issue" and m.dep is not None and m.dep.inst is not None:
                     g.instances[m.dep.inst].append(m.dep)
     return graphs
@@ -230,26 +240,25 @@ def issue_of(g: StepGraph, c: Collective) -> Mark | None:
 
 
 def binding_members(g: StepGraph, c: Collective) -> list[Collective]:
-    """The members of ``c``'s instance whose start ``c``'s end waits for: every member of a
-    collective; a recv's sends (and itself); none for a send, which completes without its recv
-    (gloo buffers it); a recv paired with one send. Empty when ``c`` is unmatched or its instance is not all in this step."""
+    """The members of ``c``'s instance whose arrival ``c``'s end waits for: every member of a
+    collective; for a point-to-point transfer, itself and its other side when that side arrived
+    before this one ended (a recv waits for its send; a gloo send of a large message waits for
+    its recv to be posted, while a small one is buffered and ends before the recv arrives: then
+    it waits for nothing). Empty when ``c`` is unmatched or its instance is not all in this step."""
     members = g.instances.get(c.inst) if c.inst is not None else None
-    if not members or len(members) < 2 or c.name == "send":
+    if not members or len(members) < 2:
         return []
-    if c.name == "recv":
-        # a pair: one send, this recv (matching by order in the step pairs the k-th transfers of
-        # every rank of a pipeline's group; with more members the peer is not known)
-        sends = [m for m in members if m.name == "send"]
-        # (and a send that started after this recv ended is not its send: the pairing is wrong)
-        ok = len(members) == 2 and len(sends) == 1 and sends[0].ts <= c.end
-        return [c, *sends] if ok else []
+    if c.name in P2P:
+        other = [m for m in members if m is not c]
+        ok = len(members) == 2 and other[0].name != c.name and other[0].arrival <= c.end
+        return [c, other[0]] if ok else []
     return members
 
 
 def last_arrival(g: StepGraph, c: Collective) -> Collective | None:
     """The binding member of ``c``'s instance that started last (:func:`binding_members`)."""
     members = binding_members(g, c)
-    return max(members, key=lambda m: (m.ts, m.rank)) if len(members) >= 2 else None
+    return max(members, key=lambda m: (m.arrival, m.rank)) if len(members) >= 2 else None
 
 
 def critical_path(g: StepGraph) -> list[Piece]:
@@ -277,11 +286,11 @@ def critical_path(g: StepGraph) -> list[Piece]:
         last = last_arrival(g, c) if c is not None else None
         if c is not None and last is not None:
             label = COMMUNICATION_TRANSFER.name if c.host_side else COMM_TRANSFER.name
-            pieces.append(Piece(rs.rank, "transfer", min(last.ts, nxt.dep_end), nxt.dep_end, label))
+            pieces.append(Piece(rs.rank, "transfer", min(last.arrival, nxt.dep_end), nxt.dep_end, label))
             issue = issue_of(g, last)
             rs = g.ranks[last.rank]
             marks = rs.marks
-            t0 = min(last.ts, nxt.dep_end)
+            t0 = min(last.arrival, nxt.dep_end)
             if issue is not None and issue.t <= t0:
                 pieces.append(Piece(rs.rank, "issue", issue.t, t0))
                 t0 = issue.t
@@ -289,7 +298,7 @@ def critical_path(g: StepGraph) -> list[Piece]:
             continue
         if c is not None:
             # an unmatched collective: its own time, from when it started (or the wait began)
-            t = max(nxt.t, min(c.ts, nxt.dep_end))
+            t = max(nxt.t, min(c.arrival, nxt.dep_end))
             label = COMMUNICATION_TRANSFER.name if c.host_side else COMM_TRANSFER.name
             pieces.append(Piece(rs.rank, "transfer", t, nxt.dep_end, label))
         else:

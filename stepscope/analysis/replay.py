@@ -8,8 +8,9 @@ The graph is :mod:`stepscope.analysis.critical_path`'s. Each rank starts the ste
 - a collective **arrives** its issue's replayed time plus its measured issue delay; a matched
   instance **ends** on each member at the latest replayed arrival plus that member's measured
   time after the last arrival (its transfer; scaled by ``comm_transfer``/``communication_transfer``);
-  an unmatched collective, or a send (gloo completes it without its recv), ends its whole (scaled)
-  duration after its arrival; a recv waits for its send only;
+  an unmatched collective, or a send that ended before its recv arrived (buffered), ends its
+  whole (scaled) duration after its arrival; a point-to-point transfer waits for its other side
+  only (:func:`~stepscope.analysis.critical_path.binding_members`);
 - a **wait** ends at the later of when the host got there and the awaited work's replayed end,
   plus what it measured after that end; work the host waits for on the GPU is the GPU's measured
   time from the wait's start to that end, cut into the GPU breakdown's parts, scaled.
@@ -139,10 +140,10 @@ def _shrinks(g: StepGraph, rs: RankStep) -> dict[int, float]:
         if m.kind == "wait":
             since = m.t_end
             continue
-        others = [c.ts for c in g.instances.get(m.dep.inst, []) if c.rank != rs.rank] if m.dep and m.dep.inst else []
+        others = [c.arrival for c in g.instances.get(m.dep.inst, []) if c.rank != rs.rank] if m.dep and m.dep.inst else []
         if not others:
             continue
-        late = m.dep.ts - max(others)
+        late = m.dep.arrival - max(others)
         busy = m.t - since
         if late > 0 and busy > 0:
             out[i] = max(0.0, 1 - late / busy)
@@ -170,15 +171,15 @@ def replay_step(g: StepGraph, seg: Segments, shift: dict[int, int], changes: Seq
             return ends[id(c)]
         last = last_arrival(g, c)
         tf = f.of(c.rank, COMMUNICATION_TRANSFER.name if c.host_side else COMM_TRANSFER.name)
-        a = arrive.get(id(c), float(c.ts))
+        a = arrive.get(id(c), float(c.arrival))
         if last is None:
-            value = a + (c.end - c.ts) * tf
+            value = a + (c.end - c.arrival) * tf
         else:
             members = binding_members(g, c)
             if not force and any(id(m) not in arrive for m in members):
                 return None
-            latest = max(arrive.get(id(m), float(m.ts)) for m in members)
-            value = latest + max(c.end - last.ts, 0) * tf
+            latest = max(arrive.get(id(m), float(m.arrival)) for m in members)
+            value = latest + max(c.end - last.arrival, 0) * tf
         ends[id(c)] = value
         return value
 
@@ -191,7 +192,7 @@ def replay_step(g: StepGraph, seg: Segments, shift: dict[int, int], changes: Seq
             if m.kind == "issue":
                 host(st, m.t)
                 if m.dep is not None:
-                    arrive[id(m.dep)] = st.t + max(m.dep.ts - m.t, 0)
+                    arrive[id(m.dep)] = st.t + max(m.dep.arrival - m.t, 0)
             else:
                 host(st, m.t)
                 dep_end = m.dep_end if m.dep_end is not None else m.t

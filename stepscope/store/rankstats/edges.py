@@ -8,7 +8,9 @@ ranks. What they need of one rank is where its *main thread* (the one holding th
 - ``issue``: a collective event (``rank_collectives``' rows: a communication kernel or a gloo
   transfer) and when the host issued it: the start of the runtime call that launched the kernel
   (same correlation id), or for a gloo transfer the start of the latest communication op
-  (``c10d::allreduce_``, ...) of the main thread at or before the transfer's start.
+  (``c10d::allreduce_``, ``c10d::send``, ...) of the main thread at or before the transfer's
+  start, also for a transfer on the main thread itself (a pipeline's ``gloo:send`` annotation
+  starts only when its ``c10d::send`` op, which moved the data, has ended).
 - ``wait``: a stretch where the main thread waits, with the work it waits for (the latest of
   that work to end inside the stretch): a device synchronisation (the ``sync_wait`` part's
   runtime calls) waits for the GPU work or collective that ends last inside it; a stretch of the
@@ -126,9 +128,9 @@ _d_launch AS (
   WHERE c.kind = 'kernel' GROUP BY ALL
 ),
 _d_gloo AS (
-  -- on the main thread itself a transfer is its own issue
-  SELECT c.ts_ns, c.end_ns, c.stream, c.tid,
-         CASE WHEN c.tid = (SELECT tid FROM _d_main) OR o.ts_ns IS NULL THEN c.ts_ns ELSE o.ts_ns END AS issue_ns
+  -- also on the main thread (a pipeline's gloo:send annotation starts when its c10d::send op,
+  -- which moved the data, ends); a transfer with no op before it is its own issue
+  SELECT c.ts_ns, c.end_ns, c.stream, c.tid, coalesce(o.ts_ns, c.ts_ns) AS issue_ns
   FROM (SELECT * FROM _d_comm WHERE kind <> 'kernel') c ASOF LEFT JOIN _d_ops o ON o.ts_ns <= c.ts_ns
 ),
 _d_issue AS (
