@@ -10,9 +10,10 @@ Usage: ``python benchmarks/bench_whatif.py [--traces DIR] [--record DIR]``
 2. **Recorded pairs** (target: the prediction within 10% of the other run's measured step,
    medians over the profiled steps, warm-up excluded by the profiler's schedule):
    ``gloo-3ranks-late`` with ``rank 2: on time`` against ``gloo-3ranks-even`` (the committed
-   samples); with ``--record DIR``, recorded afresh: examples/late_rank_gloo.py with a 30 ms
-   sleep against none (``rank 2: on time``), the same with an 8 MB all-reduce every step
-   against 16 MB (``communication_transfer*2``), and a 3-stage 1F1B pipeline with stage 1
+   samples); with ``--record DIR``, recorded afresh: examples/late_rank_gloo.py (12 profiled
+   steps) with a 30 ms sleep against none (``rank 2: on time``), the same with an 8 MB
+   all-reduce every step against 16 MB (``communication_transfer*2``), and a 3-stage 1F1B
+   pipeline (4 profiled steps) with stage 1
    slowed (examples/train_pipeline_cpu.py ``--slow-stage 1``) against the balanced one
    (``rank 1: on time``). Each pair prints the prediction's median and mean over the steps
    against the measured run's, the error bar, and the measured run's own step spread (its
@@ -118,7 +119,7 @@ def _record(folder: Path) -> Path:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     py = sys.executable
     torchrun = str(Path(py).with_name("torchrun"))
-    late = [py, "examples/late_rank_gloo.py", "--store", str(store), "--steps", "8"]
+    late = [py, "examples/late_rank_gloo.py", "--store", str(store), "--steps", "14"]
     pipe = [torchrun, "--standalone", "--nproc-per-node", "3", "examples/train_pipeline_cpu.py", "--store", str(store),
             "--schedule", "1f1b", "--microbatches", "4", "--steps", "6", "--wait", "1", "--warmup", "1", "--active", "4"]
     commands = [
