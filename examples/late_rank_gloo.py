@@ -37,16 +37,23 @@ class LateRun:
     sleep_ms: float = 30.0
     steps: int = 6
     trace_dir: str | None = None
+    comm_mb: float = 0.0
+    """Megabytes of an extra buffer every rank all-reduces after the step's all-reduce (0: none):
+    a run whose step is mostly communication, to check ``communication_transfer*2`` against a
+    run with twice the megabytes (benchmarks/bench_whatif.py)."""
 
 
-def step(weights: torch.Tensor, data: torch.Tensor, rank: int, cfg: LateRun) -> None:
-    """A little compute, the late rank's sleep, then the all-reduce everyone waits in."""
+def step(weights: torch.Tensor, data: torch.Tensor, rank: int, cfg: LateRun, extra: torch.Tensor | None) -> None:
+    """A little compute, the late rank's sleep, then the all-reduce everyone waits in (and the
+    extra buffer's, when ``--comm-mb`` asks for one)."""
     out = data
     for _ in range(4):
         out = torch.tanh(out @ weights)
     if rank == cfg.late_rank and cfg.sleep_ms > 0:
         time.sleep(cfg.sleep_ms / 1000)
     dist.all_reduce(out)
+    if extra is not None:
+        dist.all_reduce(extra)
 
 
 def train_rank(rank: int, world_size: int, port: int, cfg: LateRun) -> None:
@@ -58,11 +65,12 @@ def train_rank(rank: int, world_size: int, port: int, cfg: LateRun) -> None:
         gen = torch.Generator().manual_seed(rank)
         weights = torch.randn(128, 128, generator=gen) / 12
         data = torch.randn(64, 128, generator=gen)
+        extra = torch.ones(int(cfg.comm_mb * 2**20) // 4) if cfg.comm_mb > 0 else None
         with stepscope.profile(store=cfg.store, run=cfg.run, wait=1, warmup=1, active=cfg.steps - 2, repeat=1,
                                trace_dir=cfg.trace_dir, strict=True, record_shapes=True, profile_memory=False,
                                tags={"example": "late_rank_gloo"}) as prof:
             for _ in range(cfg.steps):
-                step(weights, data, rank, cfg)
+                step(weights, data, rank, cfg, extra)
                 prof.step()
     finally:
         dist.destroy_process_group()
@@ -81,9 +89,11 @@ def main() -> None:
     parser.add_argument("--sleep-ms", type=float, default=30.0)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--trace-dir", default=None, help="also keep the exported Kineto JSON here")
+    parser.add_argument("--comm-mb", type=float, default=0.0,
+                        help="also all-reduce a buffer of this many megabytes every step")
     args = parser.parse_args()
     cfg = LateRun(store=args.store, run=args.run_name, late_rank=args.late_rank, sleep_ms=args.sleep_ms,
-                  steps=args.steps, trace_dir=args.trace_dir)
+                  steps=args.steps, trace_dir=args.trace_dir, comm_mb=args.comm_mb)
     train(cfg, args.ranks)
     print(f"run {args.run_name!r} ({args.ranks} ranks) is in {Path(args.store)}")
 

@@ -35,10 +35,13 @@ def _files(folder: str) -> list[Path]:
 
 
 def _shifted(path: Path, rank: int, out: Path) -> Path:
+    """The trace as if recorded on a host of its own whose clock runs ``SHIFT_US`` ahead (ranks
+    naming one host share its clock and are never corrected)."""
     doc = load_raw(path)
     for e in doc["traceEvents"]:
         if isinstance(e.get("ts"), (int, float)):
             e["ts"] += SHIFT_US[rank]
+    doc["host_name"] = f"{doc.get('host_name', 'host')}-{rank}"
     return write_trace(out / path.name, doc["traceEvents"], **{k: v for k, v in doc.items() if k != "traceEvents"})
 
 

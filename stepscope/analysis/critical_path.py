@@ -13,11 +13,13 @@ its host time line; at a wait that held the host (the awaited work ended after t
 there) into the awaited work: a matched collective's transfer from its last arrival, then to
 that last-arriving rank's issue of it and on along *its* host; the GPU's work up to the wait
 (an unmatched collective: its whole duration); until a step start is reached. Its pieces are
-contiguous, so its length is the step's end on the last rank minus the start of the rank where
-it begins: the measured step of the rank that ends last when the path starts there, the
-cross-rank span otherwise. Each piece is cut into the catalogue's parts (host pieces by the
-host breakdown's time line, GPU pieces by the GPU's, ``rank_segments``; a transfer is
-``comm_transfer``, a gloo one ``communication_transfer``).
+contiguous. Where it begins, its rank's step start, another rank may have started earlier:
+that rank waited for nothing of this step, and the path's rank was still in its previous step
+(its thread order), so the path begins with that rank's **carried** piece, from the earliest
+start over the ranks to its own. Its length is therefore the measured step: the latest end minus
+the earliest start over the ranks (aligned). Each piece is cut into the catalogue's parts (host
+and carried pieces by the host breakdown's time line, GPU pieces by the GPU's,
+``rank_segments``; a transfer is ``comm_transfer``, a gloo one ``communication_transfer``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,14 @@ class Collective:
     host_side: bool
     name: str
     inst: int | None = None
+    issued: int | None = None
+    """A point-to-point transfer's issue (aligned): when its rank arrived at it (a gloo transfer's
+    annotation may start only after its op moved the data)."""
+
+    @property
+    def arrival(self) -> int:
+        """When the rank arrived at the collective: its start; a point-to-point transfer's issue."""
+        return self.ts if self.issued is None else min(self.issued, self.ts)
 
 
 @dataclass
@@ -84,7 +94,7 @@ class StepGraph:
 
 @dataclass(frozen=True)
 class Piece:
-    """A stretch of the critical path: ``what`` (host, gpu, transfer, issue) on ``rank``."""
+    """A stretch of the critical path: ``what`` (host, gpu, transfer, issue, carried) on ``rank``."""
 
     rank: int
     what: str
@@ -97,8 +107,10 @@ def _key(rank: int, ts: int, end: int, stream: Any, tid: Any) -> KEY:
     return (rank, ts, end, -1 if stream is None else int(stream), -1 if tid is None else int(tid))
 
 
-def _collectives(store: SQLStore, run: str) -> tuple[dict[KEY, Collective], dict[int, int]]:
-    """Every collective event by key, aligned, and each rank's clock correction."""
+def _collectives(store: SQLStore, run: str) -> tuple[dict[KEY, Collective], dict[int, int], Unpaired | None]:
+    """Every collective event by key, aligned, with sends paired to their recvs per peer
+    (:func:`pair_p2p`), each rank's clock correction, and what point-to-point transfers stayed
+    unpaired."""
     table = store.sql("SELECT rank, ts_ns, end_ns, stream, tid, host_side, collective, name FROM rank_collectives "
                       "WHERE run = $run", {"run": run})
     out: dict[KEY, Collective] = {}
@@ -113,10 +125,73 @@ def _collectives(store: SQLStore, run: str) -> tuple[dict[KEY, Collective], dict
             corrections[r["rank"]] = int(r["clock_correction_ns"] or 0)
             if c is not None and r["valid"]:
                 c.inst = int(r["inst_id"])
+    unpaired = pair_p2p(store, run, out) if len(corrections) >= 2 else None
     for c in out.values():
         shift = corrections.get(c.rank, 0)
         c.ts, c.end = c.ts - shift, c.end - shift
-    return out, corrections
+    return out, corrections, unpaired
+
+
+P2P = ("send", "recv")
+"""Point-to-point transfers: paired per peer (:func:`pair_p2p`), not by the matching's order."""
+
+
+@dataclass(frozen=True)
+class Unpaired:
+    """Point-to-point transfers the replay could not pair with their other side, and why: they
+    replay as their own measured time (absent from the cross-rank graph, never a 0 wait)."""
+
+    count: int
+    reason: str
+
+
+def pair_p2p(store: SQLStore, run: str, colls: dict[KEY, Collective]) -> Unpaired | None:
+    """Pair every send with its recv: the k-th send of rank a to peer b with the k-th recv of
+    rank b from peer a, in time order per (pair, direction). The matching's instances pair the
+    k-th transfer of each rank of the group whatever its peer, which ties an interleaved or
+    multi-peer pipeline's recvs to other sends. A transfer's peer is that of the latest host op
+    of its direction (``c10d::send``/``c10d::recv_``, :func:`p2p_transfers`) at or before it on its
+    rank (both in the rank's own clock: called before the clocks are aligned). Returns what
+    stayed unpaired (None when every transfer paired)."""
+    transfers = [c for c in colls.values() if c.name in P2P]
+    if not transfers:
+        return None
+    from stepscope.analysis.pipeline_stages import p2p_transfers
+
+    ops: dict[tuple[int, bool], tuple[list[int], list[int | None]]] = {}
+    for r in p2p_transfers(store, run).to_pylist():
+        ts, peers = ops.setdefault((r["rank"], bool(r["send"])), ([], []))
+        ts.append(r["ts_ns"])
+        peers.append(r["peer"])
+    lanes: dict[tuple[int, int, str], list[Collective]] = defaultdict(list)
+    no_peer = 0
+    for c in sorted(transfers, key=lambda c: (c.ts, c.rank)):
+        c.inst = None
+        ts, peers = ops.get((c.rank, c.name == "send"), ([], []))
+        i = bisect_left(ts, c.ts + 1) - 1
+        peer = peers[i] if i >= 0 else None
+        if peer is None:
+            no_peer += 1
+            continue
+        src, dst = (c.rank, int(peer)) if c.name == "send" else (int(peer), c.rank)
+        lanes[(src, dst, c.name)].append(c)
+    next_id, leftover = -1, 0
+    for (src, dst, name), sends in lanes.items():
+        if name != "send":
+            continue
+        recvs = lanes.get((src, dst, "recv"), [])
+        for s, r in zip(sends, recvs):
+            s.inst = r.inst = next_id
+            next_id -= 1
+        leftover += abs(len(sends) - len(recvs))
+    leftover += sum(len(v) for (src, dst, name), v in lanes.items() if name == "recv" and (src, dst, "send") not in lanes)
+    reasons = []
+    if no_peer:
+        reasons.append(f"{no_peer} with no c10d::send/c10d::recv_ op naming their peer (Concrete Inputs: "
+                       "record_shapes=True) before them")
+    if leftover:
+        reasons.append(f"{leftover} whose other side is not in the traced ranks or steps")
+    return Unpaired(no_peer + leftover, "; ".join(reasons)) if reasons else None
 
 
 def step_graphs(store: SQLStore, run: str, ranks: Sequence[int] | None, colls: dict[KEY, Collective],
@@ -151,6 +226,8 @@ def step_graphs(store: SQLStore, run: str, ranks: Sequence[int] | None, colls: d
             rs.marks = [m for m in rs.marks if rs.start <= m.t <= rs.end]
             rs.marks.sort(key=lambda m: (m.t, m.kind != "issue"))
             for m in rs.marks:
+                if m.kind == "issue" and m.dep is not None and m.dep.name in P2P:
+                    m.dep.issued = m.t
                 if m.kind == "issue" and m.dep is not None and m.dep.inst is not None:
                     g.instances[m.dep.inst].append(m.dep)
     return graphs
@@ -163,26 +240,25 @@ def issue_of(g: StepGraph, c: Collective) -> Mark | None:
 
 
 def binding_members(g: StepGraph, c: Collective) -> list[Collective]:
-    """The members of ``c``'s instance whose start ``c``'s end waits for: every member of a
-    collective; a recv's sends (and itself); none for a send, which completes without its recv
-    (gloo buffers it); a recv paired with one send. Empty when ``c`` is unmatched or its instance is not all in this step."""
+    """The members of ``c``'s instance whose arrival ``c``'s end waits for: every member of a
+    collective; for a point-to-point transfer, itself and its other side when that side arrived
+    before this one ended (a recv waits for its send; a gloo send of a large message waits for
+    its recv to be posted, while a small one is buffered and ends before the recv arrives: then
+    it waits for nothing). Empty when ``c`` is unmatched or its instance is not all in this step."""
     members = g.instances.get(c.inst) if c.inst is not None else None
-    if not members or len(members) < 2 or c.name == "send":
+    if not members or len(members) < 2:
         return []
-    if c.name == "recv":
-        # a pair: one send, this recv (matching by order in the step pairs the k-th transfers of
-        # every rank of a pipeline's group; with more members the peer is not known)
-        sends = [m for m in members if m.name == "send"]
-        # (and a send that started after this recv ended is not its send: the pairing is wrong)
-        ok = len(members) == 2 and len(sends) == 1 and sends[0].ts <= c.end
-        return [c, *sends] if ok else []
+    if c.name in P2P:
+        other = [m for m in members if m is not c]
+        ok = len(members) == 2 and other[0].name != c.name and other[0].arrival <= c.end
+        return [c, other[0]] if ok else []
     return members
 
 
 def last_arrival(g: StepGraph, c: Collective) -> Collective | None:
     """The binding member of ``c``'s instance that started last (:func:`binding_members`)."""
     members = binding_members(g, c)
-    return max(members, key=lambda m: (m.ts, m.rank)) if len(members) >= 2 else None
+    return max(members, key=lambda m: (m.arrival, m.rank)) if len(members) >= 2 else None
 
 
 def critical_path(g: StepGraph) -> list[Piece]:
@@ -210,11 +286,11 @@ def critical_path(g: StepGraph) -> list[Piece]:
         last = last_arrival(g, c) if c is not None else None
         if c is not None and last is not None:
             label = COMMUNICATION_TRANSFER.name if c.host_side else COMM_TRANSFER.name
-            pieces.append(Piece(rs.rank, "transfer", min(last.ts, nxt.dep_end), nxt.dep_end, label))
+            pieces.append(Piece(rs.rank, "transfer", min(last.arrival, nxt.dep_end), nxt.dep_end, label))
             issue = issue_of(g, last)
             rs = g.ranks[last.rank]
             marks = rs.marks
-            t0 = min(last.ts, nxt.dep_end)
+            t0 = min(last.arrival, nxt.dep_end)
             if issue is not None and issue.t <= t0:
                 pieces.append(Piece(rs.rank, "issue", issue.t, t0))
                 t0 = issue.t
@@ -222,13 +298,17 @@ def critical_path(g: StepGraph) -> list[Piece]:
             continue
         if c is not None:
             # an unmatched collective: its own time, from when it started (or the wait began)
-            t = max(nxt.t, min(c.ts, nxt.dep_end))
+            t = max(nxt.t, min(c.arrival, nxt.dep_end))
             label = COMMUNICATION_TRANSFER.name if c.host_side else COMM_TRANSFER.name
             pieces.append(Piece(rs.rank, "transfer", t, nxt.dep_end, label))
         else:
             pieces.append(Piece(rs.rank, "gpu", nxt.t, nxt.dep_end))
             t = nxt.t
         marks = [m for m in marks if m.t < t]
+    # the path begins at its rank's step start; a rank that started earlier waited for nothing of
+    # this step: the path's rank was still in its previous step (thread order), the carried piece
+    first = min(r.start for r in g.ranks.values())
+    pieces.append(Piece(rs.rank, "carried", first, rs.start))
     pieces.reverse()
     return [p for p in pieces if p.t1 > p.t0]
 
@@ -331,15 +411,18 @@ class RunGraph:
     graphs: dict[int, StepGraph]
     shift: dict[int, int]
     segments: Segments
+    unpaired: Unpaired | None = None
+    """Point-to-point transfers left out of the graph's pairs, and why (None: none)."""
 
 
 def run_graph(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> RunGraph | None:
     """The run's :class:`RunGraph` (None when no step has a rank window)."""
-    colls, shift = _collectives(store, run)
+    colls, shift, unpaired = _collectives(store, run)
     graphs = {s: g for s, g in step_graphs(store, run, ranks, colls, shift).items() if g.ranks}
     if not graphs:
         return None
-    return RunGraph(graphs, shift, Segments(store, run, sorted({r for g in graphs.values() for r in g.ranks})))
+    return RunGraph(graphs, shift, Segments(store, run, sorted({r for g in graphs.values() for r in g.ranks})),
+                    unpaired)
 
 
 def paths_of(rg: RunGraph) -> list[StepPath]:

@@ -26,7 +26,10 @@ ranks"):
   ``d = end - median(end of its members)``; a rank's ``clock_offset_ns`` is the median of its
   ``d``, ``clock_spread_ns`` their median absolute deviation from it. When the offset exceeds
   the spread and 1 ms, the rank's times are corrected by it (``clock_correction_ns``);
-  otherwise they are compared as recorded.
+  otherwise they are compared as recorded. Ranks whose traces all name one host
+  (``host_name``) share its clock: never corrected (their ends differ by the work, not the
+  clock: a gloo send's annotation closes when it is waited for, an overloaded rank's gloo thread
+  closes its all-reduce late, and one such instance makes a spread of 0).
 - **Wait** of a member: ``min(max(latest aligned start of the instance - its aligned start, 0),
   its duration)``: the time it spent inside the collective before the last peer arrived.
 - **Late ranks** of an instance: sort the aligned starts; the members after the largest gap
@@ -74,6 +77,11 @@ MATCHED_BY = ("comm_seq", "step_order")
 _PG_CONFIG_TYPE = '[{"pg_name":"VARCHAR","pg_desc":"VARCHAR","pg_size":"BIGINT","ranks":"BIGINT[]"}]'
 
 
+ONE_HOST = ("SELECT count(DISTINCT json_extract_string(metadata, '$.host_name')) = 1 "
+            "AND count(json_extract_string(metadata, '$.host_name')) = count(*) FROM sources WHERE run = $run")
+"""True when every trace of ``$run`` names the same host (``host_name``): one clock, never corrected."""
+
+
 def _offset_ctes(prefix: str, rows: str, where: str) -> str:
     """CTEs ending in ``<prefix>_off(rank, instances, clock_offset_ns, clock_spread_ns,
     clock_correction_ns)``, one row per rank of ``rows`` (``instances`` 0 and no correction when
@@ -91,6 +99,7 @@ def _offset_ctes(prefix: str, rows: str, where: str) -> str:
   SELECT r.rank, coalesce(o.instances, 0) AS instances, o.offset AS clock_offset_ns,
          o.spread AS clock_spread_ns,
          coalesce(CASE WHEN abs(o.offset) > o.spread AND abs(o.offset) >= {CLOCK_MIN_CORRECTION_NS}
+                            AND NOT ({ONE_HOST})
                        THEN round(o.offset)::BIGINT END, 0) AS clock_correction_ns
   FROM (SELECT DISTINCT rank FROM {rows}) r
   LEFT JOIN (SELECT o.rank, o.instances, o.offset, median(abs(v.d - o.offset)) AS spread

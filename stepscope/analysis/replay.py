@@ -8,8 +8,9 @@ The graph is :mod:`stepscope.analysis.critical_path`'s. Each rank starts the ste
 - a collective **arrives** its issue's replayed time plus its measured issue delay; a matched
   instance **ends** on each member at the latest replayed arrival plus that member's measured
   time after the last arrival (its transfer; scaled by ``comm_transfer``/``communication_transfer``);
-  an unmatched collective, or a send (gloo completes it without its recv), ends its whole (scaled)
-  duration after its arrival; a recv waits for its send only;
+  an unmatched collective, or a send that ended before its recv arrived (buffered), ends its
+  whole (scaled) duration after its arrival; a point-to-point transfer waits for its other side
+  only (:func:`~stepscope.analysis.critical_path.binding_members`);
 - a **wait** ends at the later of when the host got there and the awaited work's replayed end,
   plus what it measured after that end; work the host waits for on the GPU is the GPU's measured
   time from the wait's start to that end, cut into the GPU breakdown's parts, scaled.
@@ -18,7 +19,9 @@ A step's replayed time is the mean over its ranks of (replayed end - start), as 
 means windows. Unchanged, the replay gives back each step as measured up to what the model
 cannot express (lanes queued behind one another, clocks off by less than the matching corrects,
 a collective starting before its issue); that difference, over the run's steps, is the **error
-bar** printed with every prediction (docs/ANALYSIS.md, "Critical path and what-if").
+bar** printed with every prediction (docs/ANALYSIS.md, "Critical path and what-if"). Being near 0
+by construction, it is printed beside the **held-out error** (:func:`heldout_error`): how far a
+step lies from the other steps' replays, the run's own step-to-step variation.
 
 Changes (``--change`` of ``stepscope whatif``, :func:`parse_change`):
 
@@ -33,11 +36,12 @@ Changes (``--change`` of ``stepscope whatif``, :func:`parse_change`):
 from __future__ import annotations
 
 import re
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from stepscope.analysis.critical_path import (Collective, Mark, RankStep, RunGraph, Segments, StepGraph,
+from stepscope.analysis.critical_path import (Collective, Mark, RankStep, RunGraph, Segments, StepGraph, Unpaired,
                                               binding_members, last_arrival, run_graph)
 from stepscope.analysis.sections import SQLStore
 from stepscope.errors import UsageError
@@ -136,10 +140,10 @@ def _shrinks(g: StepGraph, rs: RankStep) -> dict[int, float]:
         if m.kind == "wait":
             since = m.t_end
             continue
-        others = [c.ts for c in g.instances.get(m.dep.inst, []) if c.rank != rs.rank] if m.dep and m.dep.inst else []
+        others = [c.arrival for c in g.instances.get(m.dep.inst, []) if c.rank != rs.rank] if m.dep and m.dep.inst else []
         if not others:
             continue
-        late = m.dep.ts - max(others)
+        late = m.dep.arrival - max(others)
         busy = m.t - since
         if late > 0 and busy > 0:
             out[i] = max(0.0, 1 - late / busy)
@@ -167,15 +171,15 @@ def replay_step(g: StepGraph, seg: Segments, shift: dict[int, int], changes: Seq
             return ends[id(c)]
         last = last_arrival(g, c)
         tf = f.of(c.rank, COMMUNICATION_TRANSFER.name if c.host_side else COMM_TRANSFER.name)
-        a = arrive.get(id(c), float(c.ts))
+        a = arrive.get(id(c), float(c.arrival))
         if last is None:
-            value = a + (c.end - c.ts) * tf
+            value = a + (c.end - c.arrival) * tf
         else:
             members = binding_members(g, c)
             if not force and any(id(m) not in arrive for m in members):
                 return None
-            latest = max(arrive.get(id(m), float(m.ts)) for m in members)
-            value = latest + max(c.end - last.ts, 0) * tf
+            latest = max(arrive.get(id(m), float(m.arrival)) for m in members)
+            value = latest + max(c.end - last.arrival, 0) * tf
         ends[id(c)] = value
         return value
 
@@ -188,7 +192,7 @@ def replay_step(g: StepGraph, seg: Segments, shift: dict[int, int], changes: Seq
             if m.kind == "issue":
                 host(st, m.t)
                 if m.dep is not None:
-                    arrive[id(m.dep)] = st.t + max(m.dep.ts - m.t, 0)
+                    arrive[id(m.dep)] = st.t + max(m.dep.arrival - m.t, 0)
             else:
                 host(st, m.t)
                 dep_end = m.dep_end if m.dep_end is not None else m.t
@@ -231,7 +235,14 @@ class StepPrediction:
 @dataclass(frozen=True)
 class WhatIf:
     """A what-if over a run: its steps, the means, and the error bar (the unchanged replay's mean
-    absolute difference to the measured steps, ns; also as a fraction of the measured mean)."""
+    absolute difference to the measured steps, ns; also as a fraction of the measured mean).
+
+    ``heldout_error_ns``: the prediction error on held-out steps: each step predicted by the
+    median of the *other* steps' unchanged replays, the mean absolute difference to its measured
+    time (None with fewer than two steps). The replay keeps every measured gap, so its own error
+    is near 0 by construction; a typical step predicted from the others is off by the run's
+    step-to-step variation, which bounds how close any prediction of another run can come.
+    ``unpaired``: the point-to-point transfers the graph could not pair, and why (None: none)."""
 
     run: str
     changes: tuple[str, ...]
@@ -240,6 +251,8 @@ class WhatIf:
     unchanged_ns: float
     predicted_ns: float
     error_ns: float
+    heldout_error_ns: float | None = None
+    unpaired: Unpaired | None = None
 
     @property
     def error_share(self) -> float:
@@ -254,6 +267,9 @@ class WhatIf:
         return {"run": self.run, "changes": list(self.changes), "measured_ns": round(self.measured_ns),
                 "unchanged_ns": round(self.unchanged_ns), "predicted_ns": round(self.predicted_ns),
                 "saving_ns": round(self.saving_ns), "error_ns": round(self.error_ns),
+                "heldout_error_ns": None if self.heldout_error_ns is None else round(self.heldout_error_ns),
+                "unpaired": None if self.unpaired is None else {"count": self.unpaired.count,
+                                                                "reason": self.unpaired.reason},
                 "steps": [{"step": s.step, "measured_ns": round(s.measured_ns), "unchanged_ns": round(s.unchanged_ns),
                            "predicted_ns": round(s.predicted_ns)} for s in self.steps]}
 
@@ -283,4 +299,14 @@ def replay(rg: RunGraph, run: str, changes: Sequence[Change]) -> WhatIf:
         by["u"] += p.unchanged_ns / n
         by["p"] += p.predicted_ns / n
         by["e"] += abs(p.unchanged_ns - p.measured_ns) / n
-    return WhatIf(run, tuple(c.text for c in changes), tuple(steps), by["m"], by["u"], by["p"], by["e"])
+    return WhatIf(run, tuple(c.text for c in changes), tuple(steps), by["m"], by["u"], by["p"], by["e"],
+                  heldout_error(steps), rg.unpaired)
+
+
+def heldout_error(steps: Sequence[StepPrediction]) -> float | None:
+    """Each step predicted by the median of the other steps' unchanged replays: the mean absolute
+    difference to its measured time (None with fewer than two steps)."""
+    if len(steps) < 2:
+        return None
+    return sum(abs(statistics.median(o.unchanged_ns for o in steps if o is not p) - p.measured_ns)
+               for p in steps) / len(steps)

@@ -45,6 +45,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"  replayed as is  {duration(result.unchanged_ns)} (error bar {err}, "
           f"{100 * result.error_share:.2f}% of the step)")
     print(f"  predicted step  {duration(result.predicted_ns)} {err}  (saves {duration(result.saving_ns)} per step)")
+    if result.heldout_error_ns is None:
+        print("  held-out error  absent: one step only (each step is predicted from the others)")
+    else:
+        print(f"  held-out error  ± {duration(result.heldout_error_ns)} (a step against the median of the other "
+              f"steps' replays: the run's own step-to-step variation)")
+    if result.unpaired is not None:
+        print(f"  unpaired        {result.unpaired.count} point-to-point transfers replay as measured: "
+              f"{result.unpaired.reason}")
     for s in result.steps:
         print(f"    step {s.step}: measured {duration(s.measured_ns)}, replayed {duration(s.unchanged_ns)}, "
               f"predicted {duration(s.predicted_ns)}")

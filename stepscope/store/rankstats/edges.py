@@ -8,14 +8,18 @@ ranks. What they need of one rank is where its *main thread* (the one holding th
 - ``issue``: a collective event (``rank_collectives``' rows: a communication kernel or a gloo
   transfer) and when the host issued it: the start of the runtime call that launched the kernel
   (same correlation id), or for a gloo transfer the start of the latest communication op
-  (``c10d::allreduce_``, ...) of the main thread at or before the transfer's start.
+  (``c10d::allreduce_``, ``c10d::send``, ...) of the main thread at or before the transfer's
+  start, also for a transfer on the main thread itself (a pipeline's ``gloo:send`` annotation
+  starts only when its ``c10d::send`` op, which moved the data, has ended).
 - ``wait``: a stretch where the main thread waits, with the work it waits for (the latest of
   that work to end inside the stretch): a device synchronisation (the ``sync_wait`` part's
   runtime calls) waits for the GPU work or collective that ends last inside it; a stretch of the
-  main thread with no op running inside a step, or inside a communication op (a synchronous
-  ``c10d::allreduce_``), waits for a gloo transfer ending inside it (a CPU rank blocked in
-  ``work.wait()``, which the profiler does not record, or in the op itself); a gloo receive
-  running on the main thread itself waits for itself (its end, after its peer arrived). A stretch ending where
+  main thread with no op (``cpu_op`` or runtime call) running inside a step, annotations
+  aside, or inside a communication op (a synchronous ``c10d::allreduce_``), waits for a gloo
+  transfer ending inside it (a CPU rank blocked in ``work.wait()``, which the profiler does not
+  record, or in the op itself: an interleaved schedule waits for its irecv inside the next
+  ``PP:..F..`` annotation); a gloo receive running on the main thread itself, with no op
+  starting inside it, waits for itself (its end, after its peer arrived). A stretch ending where
   no such work ends is the host's own time, not a wait (a ``time.sleep`` before a collective).
 
 Host thread order and stream order need no row: they are the time order of the main thread's
@@ -61,12 +65,17 @@ _d_host AS (
   WHERE e.run = $run AND e.dur_ns IS NOT NULL AND e.kind IN {sql_list(HOST.kinds)}
     AND e.name NOT LIKE 'ProfilerStep#%'
 ),
+_d_ops_run AS (
+  -- what runs on the main thread: ops and runtime calls (an annotation, a schedule's ``PP:2F0``
+  -- or an async ``gloo:recv``, stays open around the stretch where the thread blocks)
+  SELECT * FROM _d_host WHERE kind IN ('cpu_op', 'cuda_runtime', 'cuda_driver')
+),
 _d_gaps AS (
   -- the main thread's stretches with no op running, up to the next op or the step's end
   SELECT step, g0, g1 FROM (
     SELECT step, max(end_ns) OVER (PARTITION BY step ORDER BY ts_ns, end_ns ROWS UNBOUNDED PRECEDING) AS g0,
            lead(ts_ns, 1, w1) OVER (PARTITION BY step ORDER BY ts_ns, end_ns) AS g1
-    FROM _d_host)
+    FROM _d_ops_run)
   WHERE g1 > g0
 ),
 _d_stretch AS (
@@ -78,9 +87,13 @@ _d_stretch AS (
 _d_waiting AS (
   SELECT step, g0, g1, TRUE AS gloo_only FROM _d_stretch
   UNION ALL
-  -- a gloo receive on the main thread itself (a pipeline's recv): it waits for itself (a send's
-  -- annotation stays open while the thread goes on: an isend completes later, it does not wait)
-  SELECT step, ts_ns, end_ns, TRUE FROM _d_host WHERE end_ns > ts_ns AND kind = 'user_annotation' AND name LIKE 'gloo:recv%'
+  -- a gloo receive on the main thread itself (a pipeline's recv) in which no op starts: it waits
+  -- for itself (a send's annotation stays open while the thread goes on: an isend completes
+  -- later, it does not wait; nor does an irecv the thread runs ops in: where it blocks for it is
+  -- a stretch with no op running, above)
+  SELECT step, r.ts_ns, r.end_ns, TRUE FROM _d_host r
+  WHERE r.end_ns > r.ts_ns AND r.kind = 'user_annotation' AND r.name LIKE 'gloo:recv%'
+    AND NOT EXISTS (SELECT 1 FROM _d_ops_run o WHERE o.ts_ns > r.ts_ns AND o.ts_ns < r.end_ns)
   UNION ALL
   SELECT step, ts_ns, end_ns, FALSE FROM _d_host WHERE end_ns > ts_ns AND ({_SYNC})
 ),
@@ -115,9 +128,9 @@ _d_launch AS (
   WHERE c.kind = 'kernel' GROUP BY ALL
 ),
 _d_gloo AS (
-  -- on the main thread itself a transfer is its own issue
-  SELECT c.ts_ns, c.end_ns, c.stream, c.tid,
-         CASE WHEN c.tid = (SELECT tid FROM _d_main) OR o.ts_ns IS NULL THEN c.ts_ns ELSE o.ts_ns END AS issue_ns
+  -- also on the main thread (a pipeline's gloo:send annotation starts when its c10d::send op,
+  -- which moved the data, ends); a transfer with no op before it is its own issue
+  SELECT c.ts_ns, c.end_ns, c.stream, c.tid, coalesce(o.ts_ns, c.ts_ns) AS issue_ns
   FROM (SELECT * FROM _d_comm WHERE kind <> 'kernel') c ASOF LEFT JOIN _d_ops o ON o.ts_ns <= c.ts_ns
 ),
 _d_issue AS (
