@@ -121,6 +121,30 @@ def sample_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path
     return get
 
 
+DDP_RECORDING = {"run": "ddp test/2 ranks", "steps": 9, "wait": 3, "warmup": 2, "active": 2,
+                 "bucket_cap_mb": 0.5}
+"""The one real 2-rank gloo DDP recording (examples/train_ddp_cpu.py) that the collector's and
+the communication analysis' tests read: its run name (stored as ``ddp-test-2-ranks``), steps,
+schedule and DDP bucket cap."""
+
+
+@pytest.fixture(scope="session")
+def ddp_recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with ``store/`` and ``traces/`` of :data:`DDP_RECORDING`, recorded once per test
+    run (~10 s on 2 cores) and shared by the xdist workers (:func:`built_once`). Read only."""
+    pytest.importorskip("torch")
+    from tests.collector_support import EXAMPLES  # noqa: F401  (puts examples/ on sys.path)
+
+    def record(folder: Path) -> None:
+        import train_ddp_cpu
+
+        cfg = train_ddp_cpu.DDPRun(store=str(folder / "store"), trace_dir=str(folder / "traces"),
+                                   strict=True, **DDP_RECORDING)
+        train_ddp_cpu.train(cfg, world_size=2)
+
+    return built_once(tmp_path_factory, "ddp-recording", record)
+
+
 @pytest.fixture(scope="session")
 def hta_python() -> Path:
     """An interpreter with HolisticTraceAnalysis 0.5.0, for cross-checks through tests/hta_runner.py.
@@ -152,6 +176,28 @@ SPREAD = frozenset({
 """Files whose tests pytest-xdist may hand to any worker one by one. Each is a sweep over the
 shared traces whose only costly state is session-wide (:func:`built_once`, ``ingested``), so
 splitting it costs nothing, while kept whole it would leave one worker on it alone at the end."""
+
+
+SERIAL_FILES = frozenset({
+    "test_ci_workflow.py",
+    "test_collector_watch.py",
+    "test_compare_noise.py",
+    "test_pytest_plugin.py",
+})
+"""The files that hold tests marked ``serial`` (tests/test_suite_setup.py checks the list)."""
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """``-m serial`` (``./setup.sh test``'s second pass) imports only :data:`SERIAL_FILES`.
+
+    Otherwise it would import and collect every test file (seconds of torch, duckdb and
+    streamlit imports, parametrisations over the shared traces) only to deselect all but a few
+    tests. Paths named on the command line are always collected (pytest does not ask this hook
+    about them), so ``pytest -m serial tests/test_x.py`` means what it says."""
+    if (config.getoption("markexpr") == "serial" and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_") and collection_path.name not in SERIAL_FILES):
+        return True
+    return None
 
 
 @pytest.hookimpl(optionalhook=True)
