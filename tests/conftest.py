@@ -105,20 +105,39 @@ def ingested(tmp_path_factory: pytest.TempPathFactory, shared_traces: Path) -> C
     return get
 
 
-@pytest.fixture(scope="session")
-def sample_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+def sample_store(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     """The store of one bundled sample run (``sample_traces/<name>/``, run ``<name>``), ingested
     once per test run and shared by the xdist workers (:func:`built_once`)."""
     from stepscope.store.ingest import ingest_paths
 
-    def build(name: str, store: Path) -> None:
+    def build(store: Path) -> None:
         report = ingest_paths(sorted((REPO / "sample_traces" / name).glob("*.json.gz")), store, name)
         assert report.ok, report.errors
 
-    def get(name: str) -> Path:
-        return built_once(tmp_path_factory, f"sample-{name}", functools.partial(build, name))
+    return built_once(tmp_path_factory, f"sample-{name}", build)
 
-    return get
+
+@pytest.fixture(scope="session")
+def sample_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """:func:`sample_store` by name."""
+    return functools.partial(sample_store, tmp_path_factory)
+
+
+def copy_run(source: Path, store: Path, run: str) -> None:
+    """Put run ``run`` of the store ``source`` into ``store`` as ingesting its traces there would.
+
+    A store keeps each run in folders of its own (``<table>/run=<run>/``, ``.content/run=<run>/``:
+    docs/STORE.md), so copying them is the ingest's result without paying for it again. The
+    run's compacted tables are made again, as its ingest makes them, rather than copied: their
+    manifest names the parts' inodes, which a copy changes. Derived caches stay behind."""
+    from stepscope.store.compact import COMPACT_DIR, compact_run
+
+    for table in source.iterdir():
+        if (table.is_dir() and table.name not in ("cache", COMPACT_DIR)
+                and (table / f"run={run}").is_dir()):
+            shutil.copytree(table / f"run={run}", store / table.name / f"run={run}")
+    (store / ".commit.lock").touch()
+    compact_run(store, run)
 
 
 DDP_RECORDING = {"run": "ddp test/2 ranks", "steps": 9, "wait": 3, "warmup": 2, "active": 2,
