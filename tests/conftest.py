@@ -123,6 +123,13 @@ def sample_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path
     return functools.partial(sample_store, tmp_path_factory)
 
 
+def copy_store(store: Path, to: Path) -> Path:
+    """A copy of a shared store (``ingested``, ``sample_run``) for a test that changes it, without
+    the analysis caches that other tests left in it."""
+    shutil.copytree(store, to, ignore=lambda folder, names: ["cache"] if Path(folder) == store else [])
+    return to
+
+
 def copy_run(source: Path, store: Path, run: str) -> None:
     """Put run ``run`` of the store ``source`` into ``store`` as ingesting its traces there would.
 
