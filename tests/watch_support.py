@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import stepscope
-import tests.collector_support  # noqa: F401 - puts examples/ (toy_transformer) on the import path
+from tests.collector_support import PATIENT_FLUSH_S  # also puts examples/ (toy_transformer) on the path
 
 REPORTED = logging.INFO
 
@@ -86,7 +86,8 @@ def watch_rank(rank: int, world_size: int, port: int, job: WatchJob, results: An
     started = time.perf_counter()
     with stepscope.profile(store=job.store, run=job.run, wait=job.wait, warmup=job.warmup,
                            active=job.active, watch=job.watch, trace_dir=job.trace_dir,
-                           strict=job.strict, convert=job.convert) as prof:
+                           strict=job.strict, convert=job.convert,
+                           flush_timeout_s=PATIENT_FLUSH_S) as prof:
         for step in range(job.steps):
             t0 = time.perf_counter_ns()
             train_step(trained, optimizer, synthetic_batch(cfg, data))
@@ -118,8 +119,12 @@ def watch_rank(rank: int, world_size: int, port: int, job: WatchJob, results: An
     dist.destroy_process_group()
 
 
-def run_job(job: WatchJob, timeout_s: float = 180.0) -> tuple[dict[int, dict[str, Any]], list[int | None]]:
-    """Start both ranks; return the reports of the ranks that finished and every exit code."""
+def run_job(job: WatchJob, timeout_s: float = PATIENT_FLUSH_S + 180.0
+            ) -> tuple[dict[int, dict[str, Any]], list[int | None]]:
+    """Start both ranks; return the reports of the ranks that finished and every exit code.
+
+    A rank reports once its traces reached the store, which on a loaded machine can take minutes
+    (the conversion child runs at nice 19): the default bound leaves it the patient flush."""
     import queue
 
     import torch.multiprocessing as mp
