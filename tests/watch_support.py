@@ -5,7 +5,9 @@ alone) and pads every step with a short sleep so that step times are steady on a
 machine. Rank ``slow_rank`` can sleep 4x its median step at given steps (the step then takes 5x
 its usual time), and rank 1 can die while rank 0 waits for it in the watch's all-gather. Each
 surviving rank reports what it saw through a queue; the independent side of every check (which
-steps were slowed, by how much) comes from here, not from stepscope.
+steps were slowed, by how much) comes from here, not from stepscope: ``walls_ns`` times each
+whole step (``prof.step()`` included), ``works_ns`` the user's own work in it (up to the call of
+``prof.step()``, what the watch judges).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def watch_rank(rank: int, world_size: int, port: int, job: WatchJob, results: An
     trained = DistributedDataParallel(model) if job.ddp else model
     data = torch.Generator().manual_seed(rank)
     walls: list[int] = []
+    works: list[int] = []
     slept: dict[int, int] = {}
     started = time.perf_counter()
     with stepscope.profile(store=job.store, run=job.run, wait=job.wait, warmup=job.warmup,
@@ -100,6 +103,7 @@ def watch_rank(rank: int, world_size: int, port: int, job: WatchJob, results: An
             if rank == 1 and step == job.die_at:
                 time.sleep(0.5)
                 os.kill(os.getpid(), signal.SIGKILL)
+            works.append(time.perf_counter_ns() - t0)
             prof.step()
             walls.append(time.perf_counter_ns() - t0)
     watcher = prof.watcher
@@ -107,6 +111,7 @@ def watch_rank(rank: int, world_size: int, port: int, job: WatchJob, results: An
         "rank": rank,
         "elapsed_s": time.perf_counter() - started,
         "walls_ns": walls,
+        "works_ns": works,
         "slept_ns": slept,
         "anomalies": watcher.anomalies if watcher else None,
         "captures": [(w.first_step, w.last_step, w.trigger.rank, w.trigger.step)
