@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from stepscope.store.ingest import ingest_paths
-from tests.conftest import REPO, built_once, write_trace
+from tests.conftest import REPO, built_once, copy_run, sample_store, write_trace
 
 
 def _tiny_trace(path: Path, rank: int) -> Path:
@@ -46,13 +46,15 @@ def build_sample_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _ingest_samples(tmp_path_factory: pytest.TempPathFactory, root: Path) -> None:
-    """Ingest each sample run's folder into ``root`` (or two tiny generated ranks)."""
+    """Every sample run (``sample_traces/<run>/``) in ``root``, copied from its own store of the
+    test run (:func:`tests.conftest.sample_store`, ingested once for every test that reads it),
+    or two tiny generated ranks when there are no samples."""
     folders = sorted(p for p in (REPO / "sample_traces").glob("*") if p.is_dir())
     if not folders:
         traces = tmp_path_factory.mktemp("tiny")
-        folders = [traces]
         for rank in range(2):
             _tiny_trace(traces / f"rank{rank}.json", rank)
-    for folder in folders:
-        report = ingest_paths([folder], root, folder.name)
+        report = ingest_paths([traces], root, traces.name)
         assert report.ok, report.errors
+    for folder in folders:
+        copy_run(sample_store(tmp_path_factory, folder.name), root, folder.name)

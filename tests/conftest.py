@@ -105,20 +105,70 @@ def ingested(tmp_path_factory: pytest.TempPathFactory, shared_traces: Path) -> C
     return get
 
 
-@pytest.fixture(scope="session")
-def sample_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+def sample_store(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     """The store of one bundled sample run (``sample_traces/<name>/``, run ``<name>``), ingested
     once per test run and shared by the xdist workers (:func:`built_once`)."""
     from stepscope.store.ingest import ingest_paths
 
-    def build(name: str, store: Path) -> None:
+    def build(store: Path) -> None:
         report = ingest_paths(sorted((REPO / "sample_traces" / name).glob("*.json.gz")), store, name)
         assert report.ok, report.errors
 
-    def get(name: str) -> Path:
-        return built_once(tmp_path_factory, f"sample-{name}", functools.partial(build, name))
+    return built_once(tmp_path_factory, f"sample-{name}", build)
 
-    return get
+
+@pytest.fixture(scope="session")
+def sample_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """:func:`sample_store` by name."""
+    return functools.partial(sample_store, tmp_path_factory)
+
+
+def copy_store(store: Path, to: Path) -> Path:
+    """A copy of a shared store (``ingested``, ``sample_run``) for a test that changes it, without
+    the analysis caches that other tests left in it."""
+    shutil.copytree(store, to, ignore=lambda folder, names: ["cache"] if Path(folder) == store else [])
+    return to
+
+
+def copy_run(source: Path, store: Path, run: str) -> None:
+    """Put run ``run`` of the store ``source`` into ``store`` as ingesting its traces there would.
+
+    A store keeps each run in folders of its own (``<table>/run=<run>/``, ``.content/run=<run>/``:
+    docs/STORE.md), so copying them is the ingest's result without paying for it again. The
+    run's compacted tables are made again, as its ingest makes them, rather than copied: their
+    manifest names the parts' inodes, which a copy changes. Derived caches stay behind."""
+    from stepscope.store.compact import COMPACT_DIR, compact_run
+
+    for table in source.iterdir():
+        if (table.is_dir() and table.name not in ("cache", COMPACT_DIR)
+                and (table / f"run={run}").is_dir()):
+            shutil.copytree(table / f"run={run}", store / table.name / f"run={run}")
+    (store / ".commit.lock").touch()
+    compact_run(store, run)
+
+
+DDP_RECORDING = {"run": "ddp test/2 ranks", "steps": 9, "wait": 3, "warmup": 2, "active": 2,
+                 "bucket_cap_mb": 0.5}
+"""The one real 2-rank gloo DDP recording (examples/train_ddp_cpu.py) that the collector's and
+the communication analysis' tests read: its run name (stored as ``ddp-test-2-ranks``), steps,
+schedule and DDP bucket cap."""
+
+
+@pytest.fixture(scope="session")
+def ddp_recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with ``store/`` and ``traces/`` of :data:`DDP_RECORDING`, recorded once per test
+    run (~10 s on 2 cores) and shared by the xdist workers (:func:`built_once`). Read only."""
+    pytest.importorskip("torch")
+    from tests.collector_support import EXAMPLES  # noqa: F401  (puts examples/ on sys.path)
+
+    def record(folder: Path) -> None:
+        import train_ddp_cpu
+
+        cfg = train_ddp_cpu.DDPRun(store=str(folder / "store"), trace_dir=str(folder / "traces"),
+                                   strict=True, **DDP_RECORDING)
+        train_ddp_cpu.train(cfg, world_size=2)
+
+    return built_once(tmp_path_factory, "ddp-recording", record)
 
 
 @pytest.fixture(scope="session")
@@ -152,6 +202,28 @@ SPREAD = frozenset({
 """Files whose tests pytest-xdist may hand to any worker one by one. Each is a sweep over the
 shared traces whose only costly state is session-wide (:func:`built_once`, ``ingested``), so
 splitting it costs nothing, while kept whole it would leave one worker on it alone at the end."""
+
+
+SERIAL_FILES = frozenset({
+    "test_ci_workflow.py",
+    "test_collector_watch.py",
+    "test_compare_noise.py",
+    "test_pytest_plugin.py",
+})
+"""The files that hold tests marked ``serial`` (tests/test_suite_setup.py checks the list)."""
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """``-m serial`` (``./setup.sh test``'s second pass) imports only :data:`SERIAL_FILES`.
+
+    Otherwise it would import and collect every test file (seconds of torch, duckdb and
+    streamlit imports, parametrisations over the shared traces) only to deselect all but a few
+    tests. Paths named on the command line are always collected (pytest does not ask this hook
+    about them), so ``pytest -m serial tests/test_x.py`` means what it says."""
+    if (config.getoption("markexpr") == "serial" and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_") and collection_path.name not in SERIAL_FILES):
+        return True
+    return None
 
 
 @pytest.hookimpl(optionalhook=True)

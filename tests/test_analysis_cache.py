@@ -13,11 +13,13 @@ from stepscope.analysis.breakdown import step_breakdown
 from stepscope.analysis.cache import CACHE_ENV
 from stepscope.store import open_store
 from stepscope.store.ingest import ingest_paths
-from tests.conftest import REPO
+from tests.conftest import copy_store
 
 pytestmark = pytest.mark.shared
 
 NCCL = "hta/nccl_parser_config/nccl_data.json.gz"
+CPU = "cpu-transformer"
+"""A bundled sample run of one trace (``sample_run``), run ``cpu-transformer``."""
 
 
 def test_cached_frame_equals_fresh_and_follows_the_runs_sources(
@@ -40,30 +42,27 @@ def test_cached_frame_equals_fresh_and_follows_the_runs_sources(
     assert len(files) == 1  # the stale file is gone
 
 
-def test_a_subset_of_ranks_is_not_cached(tmp_path: Path, shared_traces: Path) -> None:
-    root = tmp_path / "store"
-    assert ingest_paths([shared_traces / NCCL], root, "r").ok
-    step_breakdown(open_store(root), "r", ranks=[0])
+def test_a_subset_of_ranks_is_not_cached(tmp_path: Path, ingested: Callable[[str], Path]) -> None:
+    root = copy_store(ingested(NCCL), tmp_path / "store")
+    step_breakdown(open_store(root), "t", ranks=[0])
     assert not (root / "cache").exists()
 
 
-def test_unwritable_cache_still_answers(tmp_path: Path, shared_traces: Path) -> None:
-    root = tmp_path / "store"
-    assert ingest_paths([shared_traces / NCCL], root, "r").ok
+def test_unwritable_cache_still_answers(tmp_path: Path, ingested: Callable[[str], Path]) -> None:
+    root = copy_store(ingested(NCCL), tmp_path / "store")
     (root / "cache").write_text("not a folder")  # makes every cache write fail
-    assert step_breakdown(open_store(root), "r").num_rows == 3
+    assert step_breakdown(open_store(root), "t").num_rows == 3
 
 
-def test_summary_document_is_cached_per_run_and_rank_selection(tmp_path: Path, shared_traces: Path) -> None:
+def test_summary_document_is_cached_per_run_and_rank_selection(tmp_path: Path, ingested: Callable[[str], Path]) -> None:
     from stepscope.analysis.summary import build_summary
 
-    root = tmp_path / "store"
-    assert ingest_paths([shared_traces / NCCL], root, "r").ok
-    first = build_summary(open_store(root), "r")
-    assert len(list((root / "cache" / "summary" / "run=r").glob("*.json"))) == 1
-    assert build_summary(open_store(root), "r") == first
-    assert [r["rank"] for r in build_summary(open_store(root), "r", ranks=[3])["ranks"]] == [3]
-    assert build_summary(open_store(root), "r") == first  # the rank-3 document did not replace it wrongly
+    root = copy_store(ingested(NCCL), tmp_path / "store")
+    first = build_summary(open_store(root), "t")
+    assert len(list((root / "cache" / "summary" / "run=t").glob("*.json"))) == 1
+    assert build_summary(open_store(root), "t") == first
+    assert [r["rank"] for r in build_summary(open_store(root), "t", ranks=[3])["ranks"]] == [3]
+    assert build_summary(open_store(root), "t") == first  # the rank-3 document did not replace it wrongly
 
 
 def test_editing_or_adding_any_analysis_module_changes_the_key(tmp_path: Path) -> None:
@@ -93,37 +92,35 @@ def test_editing_or_adding_any_analysis_module_changes_the_key(tmp_path: Path) -
     assert cache.code_hash(cache.code_files(package), root) != before
 
 
-def test_other_code_is_not_served_a_cached_frame(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_other_code_is_not_served_a_cached_frame(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 sample_run: Callable[[str], Path]) -> None:
     from stepscope.analysis import cache
     from stepscope.analysis.breakdown import host_breakdown
-    from tests.conftest import REPO
 
-    root = tmp_path / "store"
-    assert ingest_paths([REPO / "sample_traces" / "cpu-transformer"], root, "r").ok
-    first = host_breakdown(open_store(root), "r")
-    [old] = (root / "cache" / "host_breakdown" / "run=r").glob("*.parquet")
+    root = copy_store(sample_run(CPU), tmp_path / "store")
+    first = host_breakdown(open_store(root), CPU)
+    [old] = (root / "cache" / "host_breakdown" / f"run={CPU}").glob("*.parquet")
     monkeypatch.setattr(cache, "CODE_HASH", "another-version")
-    assert host_breakdown(open_store(root), "r").equals(first)
-    [new] = (root / "cache" / "host_breakdown" / "run=r").glob("*.parquet")
+    assert host_breakdown(open_store(root), CPU).equals(first)
+    [new] = (root / "cache" / "host_breakdown" / f"run={CPU}").glob("*.parquet")
     assert new.name != old.name  # recomputed under a new key; the stale file removed
 
 
-def test_an_absence_is_kept_with_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_absence_is_kept_with_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             sample_run: Callable[[str], Path]) -> None:
     """A CPU-only run has no GPU breakdown: the reason is kept and served without the query."""
     from stepscope.analysis.absent import Absent
     from stepscope.store.catalog import Store
-    from tests.conftest import REPO
 
-    root = tmp_path / "store"
-    assert ingest_paths([REPO / "sample_traces" / "cpu-transformer"], root, "r").ok
-    first = step_breakdown(open_store(root), "r")
+    root = copy_store(sample_run(CPU), tmp_path / "store")
+    first = step_breakdown(open_store(root), CPU)
     assert isinstance(first, Absent)
-    [kept] = (root / "cache" / "step_breakdown" / "run=r").glob("*.absent")
+    [kept] = (root / "cache" / "step_breakdown" / f"run={CPU}").glob("*.absent")
     assert kept.read_text() == first.reason
     queries: list[str] = []
     original = Store.sql
     monkeypatch.setattr(Store, "sql", lambda self, q, p=None: queries.append(q) or original(self, q, p))
-    assert step_breakdown(open_store(root), "r") == first
+    assert step_breakdown(open_store(root), CPU) == first
     assert all("FROM sources WHERE run" in q for q in queries)  # only the key's lookup of the sources
 
 
@@ -137,7 +134,7 @@ def _step_times(source: str, wall_ns: int, steps: int) -> pa.Table:
 
 
 def test_step_times_written_after_the_commit_are_not_hidden_by_the_cache(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sample_run: Callable[[str], Path]
 ) -> None:
     """The collector commits a trace, then writes (and every few minutes rewrites) the rank's
     step_times: a summary cached in between must not be served afterwards."""
@@ -147,16 +144,15 @@ def test_step_times_written_after_the_commit_are_not_hidden_by_the_cache(
     def fresh() -> object:
         monkeypatch.setenv(CACHE_ENV, "1")
         try:
-            return build_summary(open_store(root), "r")
+            return build_summary(open_store(root), CPU)
         finally:
             monkeypatch.delenv(CACHE_ENV)
 
-    root = tmp_path / "store"
-    assert ingest_paths([REPO / "sample_traces" / "cpu-transformer" / "rank0.pt.trace.json.gz"], root, "r").ok
+    root = copy_store(sample_run(CPU), tmp_path / "store")
     source = open_store(root).sql("SELECT source FROM sources").column("source")[0].as_py()
-    before = build_summary(open_store(root), "r")  # cached
+    before = build_summary(open_store(root), CPU)  # cached
     for wall_ns, steps in ((7_000_000, 3), (9_000_000, 4)):  # written, then rewritten
-        write_partition(root, "step_times", "r", 0, source, _step_times(source, wall_ns, steps))
-        answer = build_summary(open_store(root), "r")
+        write_partition(root, "step_times", CPU, 0, source, _step_times(source, wall_ns, steps))
+        answer = build_summary(open_store(root), CPU)
         assert answer == fresh() and answer != before
         before = answer

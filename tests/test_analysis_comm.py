@@ -383,19 +383,16 @@ def test_arrivals_without_process_group_args(tmp_path, shared_traces: Path) -> N
 # ---- a real 2-rank gloo DDP run (CPU): host-side transfers ------------------------------------
 
 
-@pytest.fixture(scope="module")
-def gloo_run(tmp_path_factory):
-    """examples/train_ddp_cpu.py with 2 ranks under stepscope.profile (~20 s on 2 cores)."""
-    pytest.importorskip("torch")
-    from tests.collector_support import EXAMPLES  # noqa: F401  (puts examples/ on sys.path)
-    import train_ddp_cpu
+GLOO = "ddp-test-2-ranks"
+"""The run of the session's 2-rank gloo DDP recording (``ddp_recording``, tests/conftest.py)."""
 
-    root = tmp_path_factory.mktemp("gloo")
-    cfg = train_ddp_cpu.DDPRun(store=str(root / "store"), run="gloo", steps=6, wait=2, warmup=1, active=2,
-                               bucket_cap_mb=0.5, trace_dir=str(root / "traces"), strict=True)
-    train_ddp_cpu.train(cfg, world_size=2)
-    docs = [load_raw(root / "traces" / f"rank{r}.pt.trace.json.gz") for r in (0, 1)]
-    return open_store(root / "store"), docs
+
+@pytest.fixture(scope="module")
+def gloo_run(ddp_recording: Path):
+    """examples/train_ddp_cpu.py with 2 ranks under stepscope.profile, recorded once per test
+    run and shared with test_collector_ddp."""
+    docs = [load_raw(ddp_recording / "traces" / f"rank{r}.pt.trace.json.gz") for r in (0, 1)]
+    return open_store(ddp_recording / "store"), docs
 
 
 def _gloo_transfers(doc):
@@ -418,7 +415,7 @@ def _gloo_transfers(doc):
 @pytest.mark.slow
 def test_gloo_transfers_are_collectives(gloo_run) -> None:
     store, docs = gloo_run
-    rows = collective_kernels(store, "gloo").to_pylist()
+    rows = collective_kernels(store, GLOO).to_pylist()
     for rank, doc in enumerate(docs):
         raw = _gloo_transfers(doc)
         got = [r for r in rows if r["rank"] == rank]
@@ -449,13 +446,13 @@ def test_gloo_instances_and_arrivals_match_raw(gloo_run) -> None:
             who = None if s0 == s1 else int(s1 > s0)
             expected.append((step, abs(s1 - s0), min(e0 - s0, e1 - s1), max(e0 - s0, e1 - s1), who))
             last[who] += 1
-    rows = collective_instances(store, "gloo").to_pylist()
+    rows = collective_instances(store, GLOO).to_pylist()
     assert [(r["step"], r["start_skew_ns"], r["min_dur_ns"], r["max_dur_ns"], r["last_rank"]) for r in rows] == expected
-    arrivals = {r["rank"]: r for r in rank_arrivals(store, "gloo").to_pylist()}
+    arrivals = {r["rank"]: r for r in rank_arrivals(store, GLOO).to_pylist()}
     for rank in (0, 1):
         assert arrivals[rank]["instances"] == len(expected)
         assert arrivals[rank]["last_count"] == last[rank]
-    result = comm_section(store, "gloo", None)
+    result = comm_section(store, GLOO, None)
     compute = result.compute.to_pylist()
     assert [r["compute_source"] for r in compute] == ["host", "host"]
     assert sum(r["compute_vs_median_pct"] for r in compute) == pytest.approx(0, abs=1e-9)  # two ranks: median = mean

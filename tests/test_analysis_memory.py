@@ -57,11 +57,10 @@ def _allocations(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def dfi(shared_traces: Path, tmp_path_factory):
+def dfi(shared_traces: Path, ingested):
+    """The trace's store (run ``t``, the session's shared ingest), its raw JSON and [memory] events."""
     doc = load_raw(shared_traces / DFI)
-    store_dir = tmp_path_factory.mktemp("dfi")
-    assert ingest_paths([shared_traces / DFI], store_dir, "t").ok
-    return open_store(store_dir), doc, _raw_memory(doc)
+    return open_store(ingested(DFI)), doc, _raw_memory(doc)
 
 
 def test_step_peaks_match_raw(dfi) -> None:

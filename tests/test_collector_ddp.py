@@ -1,6 +1,7 @@
 """A real 2-rank gloo DDP run under ``stepscope.profile``, checked against independent counts.
 
-One run of the DDP example (module-scoped, ~20 s on 2 cores) feeds every test here.
+One run of the DDP example (``ddp_recording``: once per test run, shared with
+test_analysis_comm's gloo tests) feeds every test here.
 """
 
 from __future__ import annotations
@@ -18,26 +19,20 @@ torch = pytest.importorskip("torch")
 from stepscope.store import open_store  # noqa: E402
 from tests.collector_support import element_count, gradient_ready_order, greedy_buckets  # noqa: E402
 
-from tests.conftest import load_raw  # noqa: E402
+from tests.conftest import DDP_RECORDING, load_raw  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-WAIT, WARMUP, ACTIVE, STEPS = 3, 2, 2, 9
+WAIT, WARMUP, ACTIVE, STEPS = (DDP_RECORDING[k] for k in ("wait", "warmup", "active", "steps"))
 RECORDED = list(range(WAIT + WARMUP, WAIT + WARMUP + ACTIVE))
-BUCKET_CAP_MB = 0.5
+BUCKET_CAP_MB = DDP_RECORDING["bucket_cap_mb"]
 
 
 @pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    import train_ddp_cpu
-
-    root = tmp_path_factory.mktemp("ddp")
-    cfg = train_ddp_cpu.DDPRun(store=str(root / "store"), run="ddp test/2 ranks", steps=STEPS,
-                               wait=WAIT, warmup=WARMUP, active=ACTIVE,
-                               bucket_cap_mb=BUCKET_CAP_MB, trace_dir=str(root / "traces"),
-                               strict=True)
-    train_ddp_cpu.train(cfg, world_size=2)
-    return {"store": open_store(cfg.store), "traces": Path(cfg.trace_dir), "run": "ddp-test-2-ranks"}
+def ddp_run(ddp_recording: Path) -> dict[str, Any]:
+    """The session's DDP recording (tests/conftest.py), shared with test_analysis_comm."""
+    return {"store": open_store(ddp_recording / "store"), "traces": ddp_recording / "traces",
+            "run": "ddp-test-2-ranks"}
 
 
 def test_one_run_with_two_ranks(ddp_run: dict[str, Any]) -> None:

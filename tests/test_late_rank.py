@@ -158,19 +158,27 @@ def test_host_wait_split_matches_the_raw_json(store: Any) -> None:
     assert sum(r["communication_wait_ns"] for r in rows if r["rank"] in (0, 1)) > 8 * 25e6
 
 
-def test_gpu_wait_split_matches_the_raw_json(tmp_path: Path, shared_traces: Path) -> None:
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory, shared_traces: Path) -> tuple[Any, list[Path]]:
+    """trace_filter/sampled_rank-0 and -1 (two ranks of one NCCL job) as run ``pair``, and their files."""
+    paths = [shared_traces / f"hta/trace_filter/sampled_rank-{r}.json.gz" for r in (0, 1)]
+    root = tmp_path_factory.mktemp("pair") / "store"
+    assert ingest_paths(paths, root, "pair").ok
+    return open_store(root), paths
+
+
+def test_gpu_wait_split_matches_the_raw_json(pair: tuple[Any, list[Path]]) -> None:
     """trace_filter/sampled_rank-0 and -1 (two ranks of one NCCL job): comm_wait_ns per rank and
     step = |union of the waits (rawmatch) ∩ (communication union - compute union) ∩ the step
     window|; the parts (leaves) still sum to the step exactly."""
-    paths = [shared_traces / f"hta/trace_filter/sampled_rank-{r}.json.gz" for r in (0, 1)]
-    assert ingest_paths(paths, tmp_path / "store", "pair").ok
+    paired, paths = pair
     docs = [load_raw(p) for p in paths]
     waits: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
     for inst in rawmatch.match(docs):
         for m in inst.members:
             if inst.valid and m.wait:
                 waits[m.rank].append((m.start, m.start + m.wait))
-    rows = step_breakdown(open_store(tmp_path / "store"), "pair").to_pylist()
+    rows = step_breakdown(paired, "pair").to_pylist()
     assert len(rows) == 4
     for row in rows:
         doc = docs[row["rank"]]
@@ -187,16 +195,13 @@ def test_gpu_wait_split_matches_the_raw_json(tmp_path: Path, shared_traces: Path
     assert statistics.mean(r["comm_wait_ns"] for r in rows if r["rank"] == 1) == 0  # rank 1 arrives last
 
 
-def test_step_timeline_tiles_each_rank_as_its_breakdown(store: Any, tmp_path: Path, shared_traces: Path) -> None:
+def test_step_timeline_tiles_each_rank_as_its_breakdown(store: Any, pair: tuple[Any, list[Path]]) -> None:
     """The dashboard's cross-rank timeline: per rank, its segments of each part sum to the step
     breakdown's leaves (host here, GPU on trace_filter), segments tile the window without gaps,
     and the late arrival is marked on rank 2."""
     from stepscope.analysis.timeline import late_marks, step_timeline, timeline_parts
 
-    cases = [(store, "late", 3, host_breakdown, HOST)]
-    paths = [shared_traces / f"hta/trace_filter/sampled_rank-{r}.json.gz" for r in (0, 1)]
-    assert ingest_paths(paths, tmp_path / "store", "pair").ok
-    cases.append((open_store(tmp_path / "store"), "pair", 552, step_breakdown, GPU))
+    cases = [(store, "late", 3, host_breakdown, HOST), (pair[0], "pair", 552, step_breakdown, GPU)]
     for st, run, step, breakdown, parts in cases:
         segments = step_timeline(st, run, step).to_pylist()
         rows = {r["rank"]: r for r in breakdown(st, run).to_pylist() if r["step"] == step}

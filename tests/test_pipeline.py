@@ -256,12 +256,10 @@ def test_slow_stage_leads_the_verdict(pp_store: Any) -> None:
     assert "stage 1 (rank 1)" in first
 
 
-def test_no_pipeline_is_absent(tmp_path: Path) -> None:
-    report = ingest_paths([SAMPLES / "ddp-gloo-2ranks"], tmp_path / "s", "ddp")
-    assert report.ok
-    store = open_store(tmp_path / "s")
-    assert pipeline_analysis(store, "ddp") == Absent(NO_P2P)
-    assert evaluate(compute_sections(store, "ddp")) is not None  # the rule skips an absent section
+def test_no_pipeline_is_absent(sample_run: Callable[[str], Path]) -> None:
+    store = open_store(sample_run("ddp-gloo-2ranks"))
+    assert pipeline_analysis(store, "ddp-gloo-2ranks") == Absent(NO_P2P)
+    assert evaluate(compute_sections(store, "ddp-gloo-2ranks")) is not None  # the rule skips an absent section
 
 
 # ---- a GPU pipeline, built: the same on GPU time ----

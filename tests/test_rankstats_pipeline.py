@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
@@ -31,7 +30,7 @@ from stepscope.store.ingest import ingest_paths
 from stepscope.store.rankstats.phase import phase_cte
 from tests._store_versions import as_older_version
 from tests._intervals import load_trace, to_ns
-from tests.conftest import load_raw
+from tests.conftest import copy_store, load_raw
 from tests.test_pipeline import RUNS, SAMPLES, _gpu_rank, pp_store  # noqa: F401 - pp_store: the module fixture
 
 NEW_TABLES = ("rank_p2p", "rank_pipeline_actions", "rank_pipeline_work")
@@ -200,9 +199,11 @@ def _answers(root: Path) -> dict[str, Any]:
             "schedule": result.schedule}
 
 
-def test_a_version_2_store_is_refused_until_migrated(pp_store: Any, tmp_path: Path, capsys: Any) -> None:
-    root = tmp_path / "store"
-    shutil.copytree(pp_store.root, root, ignore=shutil.ignore_patterns("cache"))
+def test_a_version_2_store_is_refused_until_migrated(sample_run: Callable[[str], Path], tmp_path: Path,
+                                                     capsys: Any) -> None:
+    """The pipeline run the answers are read from, alone (the session's store of it, copied):
+    migrating every sample run would cost seven times as much for the same check."""
+    root = copy_store(sample_run("pp-1f1b-3stages-slow"), tmp_path / "store")
     before = _answers(root)
     as_older_version(root, 2, NEW_TABLES)
     with pytest.raises(StoreError, match=r"schema version 2, older .*stepscope migrate --store"):

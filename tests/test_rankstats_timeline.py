@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import pytest
@@ -29,11 +29,11 @@ from stepscope.store.ingest import ingest_paths
 from stepscope.store.rankstats.breakdown import exclusive, gpu_cte, iv_ctes, window_ctes
 from stepscope.store.rankstats.parts import GPU, HOST, Breakdown
 from tests._store_versions import as_older_version
-from tests.conftest import REPO
 from tests.test_breakdown import GPU_STEP_TRACES
 from tests.test_rankstats import HOST_ONLY_TRACES
 
-SAMPLES = REPO / "sample_traces"
+LATE_SAMPLES = ("gloo-3ranks-late", "gloo-3ranks-even")
+"""The late-rank samples: three gloo ranks, one sleeping (late) or none (even)."""
 NEW_TABLES = ("rank_step_windows", "rank_segments")
 
 
@@ -150,14 +150,15 @@ def test_stored_windows_and_time_lines_equal_the_analysis_from_events(ingested, 
 
 
 @pytest.fixture(scope="module")
-def matched(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Runs whose collectives are matched across ranks: the late-rank samples (gloo, host side),
-    and the two ranks of HTA's trace_filter (NCCL, GPU side) when ../shared is there."""
-    from tests.conftest import SHARED_TRACES
+def matched(tmp_path_factory: pytest.TempPathFactory, sample_run: Callable[[str], Path]) -> Any:
+    """Runs whose collectives are matched across ranks: the late-rank samples (gloo, host side;
+    copied from the session's stores of them), and the two ranks of HTA's trace_filter (NCCL,
+    GPU side) when ../shared is there."""
+    from tests.conftest import SHARED_TRACES, copy_run
 
     root = tmp_path_factory.mktemp("matched") / "store"
-    for name in ("late", "even"):
-        assert ingest_paths(sorted((SAMPLES / f"gloo-3ranks-{name}").glob("rank*.pt.trace.json.gz")), root, name).ok
+    for name in LATE_SAMPLES:
+        copy_run(sample_run(name), root, name)
     pair = [SHARED_TRACES / f"hta/trace_filter/sampled_rank-{r}.json.gz" for r in (0, 1)]
     if all(p.is_file() for p in pair):
         assert ingest_paths(pair, root, "pair").ok
@@ -165,9 +166,9 @@ def matched(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_the_late_rank_samples_split_the_same_with_their_waits(matched: Any) -> None:
-    for run in ("late", "even"):
+    for run in LATE_SAMPLES:
         assert _assert_same(matched, run) > 0
-    late = late_arrivals(matched, "late")
+    late = late_arrivals(matched, LATE_SAMPLES[0])
     assert not isinstance(late, Absent) and late.num_rows > 0  # parts_over's windows were really read
 
 
@@ -239,12 +240,15 @@ def test_a_run_with_copies_and_no_kernel_is_a_gpu_run_now(make_trace, tmp_path: 
 
 # ---- a version-2 store gets the tables from stepscope migrate ----------------------------------
 
-def test_a_version_2_store_is_refused_until_migrated_then_answers_the_same(tmp_path: Path, capsys) -> None:
-    store = tmp_path / "store"
-    assert ingest_paths(sorted((SAMPLES / "gloo-3ranks-late").glob("rank*.pt.trace.json.gz")), store, "late").ok
+def test_a_version_2_store_is_refused_until_migrated_then_answers_the_same(tmp_path: Path, capsys,
+                                                                           sample_run: Callable[[str], Path]) -> None:
+    from tests.conftest import copy_store
+
+    late = LATE_SAMPLES[0]
+    store = copy_store(sample_run(late), tmp_path / "store")
     fresh = open_store(store)
-    before = (step_windows(fresh, "late").to_pylist(), step_timeline(fresh, "late", 3).to_pylist(),
-              parts_over(fresh, "late", HOST, [(2, 0, 0, 2**62)]).to_pylist())
+    before = (step_windows(fresh, late).to_pylist(), step_timeline(fresh, late, 3).to_pylist(),
+              parts_over(fresh, late, HOST, [(2, 0, 0, 2**62)]).to_pylist())
     shutil.rmtree(store / "cache", ignore_errors=True)
     as_older_version(store, 2, NEW_TABLES)
     with pytest.raises(StoreError, match=r"schema version 2, older .*stepscope migrate --store"):
@@ -253,8 +257,8 @@ def test_a_version_2_store_is_refused_until_migrated_then_answers_the_same(tmp_p
     assert "3 traces migrated" in capsys.readouterr().out
     migrated = open_store(store)
     assert all((store / name).is_dir() for name in NEW_TABLES)
-    after = (step_windows(migrated, "late").to_pylist(), step_timeline(migrated, "late", 3).to_pylist(),
-             parts_over(migrated, "late", HOST, [(2, 0, 0, 2**62)]).to_pylist())
+    after = (step_windows(migrated, late).to_pylist(), step_timeline(migrated, late, 3).to_pylist(),
+             parts_over(migrated, late, HOST, [(2, 0, 0, 2**62)]).to_pylist())
     assert after == before and before[0] and before[1]
 
 

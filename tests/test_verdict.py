@@ -4,7 +4,7 @@ own rows and a golden file (regenerated only with ``pytest --update-golden``).""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -21,10 +21,9 @@ LATE = REPO / "sample_traces" / "gloo-3ranks-late"
 
 
 @pytest.fixture(scope="module")
-def late(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Any]]:
-    root = tmp_path_factory.mktemp("verdict")
-    assert ingest_paths(sorted(LATE.glob("rank*.json.gz")), root / "store", "gloo-3ranks-late").ok
-    store = open_store(root / "store")
+def late(sample_run: Callable[[str], Path]) -> tuple[Any, dict[str, Any]]:
+    """The sample run ``gloo-3ranks-late`` (the session's shared store) and its summary."""
+    store = open_store(sample_run(LATE.name))
     return store, build_summary(store, store.sql("SELECT run FROM runs").to_pylist()[0]["run"])
 
 

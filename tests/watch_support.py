@@ -5,7 +5,9 @@ alone) and pads every step with a short sleep so that step times are steady on a
 machine. Rank ``slow_rank`` can sleep 4x its median step at given steps (the step then takes 5x
 its usual time), and rank 1 can die while rank 0 waits for it in the watch's all-gather. Each
 surviving rank reports what it saw through a queue; the independent side of every check (which
-steps were slowed, by how much) comes from here, not from stepscope.
+steps were slowed, by how much) comes from here, not from stepscope: ``walls_ns`` times each
+whole step (``prof.step()`` included), ``works_ns`` the user's own work in it (up to the call of
+``prof.step()``, what the watch judges).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import stepscope
-import tests.collector_support  # noqa: F401 - puts examples/ (toy_transformer) on the import path
+from tests.collector_support import PATIENT_FLUSH_S  # also puts examples/ (toy_transformer) on the path
 
 REPORTED = logging.INFO
 
@@ -82,11 +84,13 @@ def watch_rank(rank: int, world_size: int, port: int, job: WatchJob, results: An
     trained = DistributedDataParallel(model) if job.ddp else model
     data = torch.Generator().manual_seed(rank)
     walls: list[int] = []
+    works: list[int] = []
     slept: dict[int, int] = {}
     started = time.perf_counter()
     with stepscope.profile(store=job.store, run=job.run, wait=job.wait, warmup=job.warmup,
                            active=job.active, watch=job.watch, trace_dir=job.trace_dir,
-                           strict=job.strict, convert=job.convert) as prof:
+                           strict=job.strict, convert=job.convert,
+                           flush_timeout_s=PATIENT_FLUSH_S) as prof:
         for step in range(job.steps):
             t0 = time.perf_counter_ns()
             train_step(trained, optimizer, synthetic_batch(cfg, data))
@@ -99,6 +103,7 @@ def watch_rank(rank: int, world_size: int, port: int, job: WatchJob, results: An
             if rank == 1 and step == job.die_at:
                 time.sleep(0.5)
                 os.kill(os.getpid(), signal.SIGKILL)
+            works.append(time.perf_counter_ns() - t0)
             prof.step()
             walls.append(time.perf_counter_ns() - t0)
     watcher = prof.watcher
@@ -106,6 +111,7 @@ def watch_rank(rank: int, world_size: int, port: int, job: WatchJob, results: An
         "rank": rank,
         "elapsed_s": time.perf_counter() - started,
         "walls_ns": walls,
+        "works_ns": works,
         "slept_ns": slept,
         "anomalies": watcher.anomalies if watcher else None,
         "captures": [(w.first_step, w.last_step, w.trigger.rank, w.trigger.step)
@@ -118,8 +124,12 @@ def watch_rank(rank: int, world_size: int, port: int, job: WatchJob, results: An
     dist.destroy_process_group()
 
 
-def run_job(job: WatchJob, timeout_s: float = 180.0) -> tuple[dict[int, dict[str, Any]], list[int | None]]:
-    """Start both ranks; return the reports of the ranks that finished and every exit code."""
+def run_job(job: WatchJob, timeout_s: float = PATIENT_FLUSH_S + 180.0
+            ) -> tuple[dict[int, dict[str, Any]], list[int | None]]:
+    """Start both ranks; return the reports of the ranks that finished and every exit code.
+
+    A rank reports once its traces reached the store, which on a loaded machine can take minutes
+    (the conversion child runs at nice 19): the default bound leaves it the patient flush."""
     import queue
 
     import torch.multiprocessing as mp
