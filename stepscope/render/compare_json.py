@@ -10,9 +10,11 @@ from stepscope.analysis.absent import Absent, jsonable
 from stepscope.analysis.compare.comparison import Comparison, MetricDelta, NamedDelta
 from stepscope.analysis.compare.gate import Verdict
 
-SCHEMA = "stepscope.compare/2"
+SCHEMA = "stepscope.compare/3"
 """2: sides of several runs, the run-to-run noise, p-values over the runs' values, decided_by
-noise/grey_zone, host parts, wall time."""
+noise/grey_zone, host parts, wall time. 3: a budget's ``change_low``/``change_high``; the step
+time's ``noise.load`` is ``{baseline, candidate, worst, inflation}`` (was ``changed``,
+``allowance``)."""
 
 
 def _metric(m: MetricDelta) -> dict[str, Any]:

@@ -57,7 +57,9 @@ def budget_table(doc: dict[str, Any]) -> Table:
 def _noise(noise: dict[str, Any] | None, unit: str) -> str:
     if noise is None:
         return "n/a"
-    return f"+-{format_value(noise['margin'], unit)}{'' if noise['measured'] else ' assumed'}"
+    load = noise.get("load") or {}
+    inflation = f", load x{1 + load['inflation']:.2f}" if load.get("inflation") else ""
+    return f"+-{format_value(noise['margin'], unit)}{'' if noise['measured'] else ' assumed'}{inflation}"
 
 
 def metric_table(doc: dict[str, Any]) -> Table:

@@ -4,27 +4,30 @@ A gate is data first, then a decision (pytest-memray's ``limit_memory``): :func:
 returns a :class:`BudgetResult` for every budget, :func:`check` only the violations, and
 :func:`verdict` the exit status. Nothing is printed here.
 
-The rule for one budget (``decided_by`` names the step that settled it). A side's value is the
-median of its runs' values; the noise margin ``M`` is the run-to-run spread of those values
-(:class:`~stepscope.analysis.compare.stats.Noise`: measured when a side has two runs or more, else
-assumed, and said so); ``T`` is the budget's threshold:
+The rule for one budget (``decided_by`` names the step that settled it) makes every verdict a
+statement the data support. A side's value is the median of its runs' values; the noise margin
+``M`` is the run-to-run spread of those values (:class:`~stepscope.analysis.compare.stats.Noise`:
+measured when a side has two runs or more, else assumed, and said so); for a step time in CPU
+time the load adds a factor ``1 + f`` (:class:`~stepscope.analysis.compare.stats.Load`: CPU time
+grows when other processes take the core). So the candidate's value, in the baseline's terms, is
+known only to lie between ``(c - M) / (1 + f)`` and ``(c + M) * (1 + f)``: its change from the
+baseline lies between a **lower** and an **upper bound**. The size the gate guards against is
+``G``: the budget's threshold, at least the metric's absolute floor
+(:func:`stepscope.analysis.compare.budgets.floors`: 0.5 ms, 16 MiB, 1 GB/s by default).
 
 1. ``not_available``: the metric is missing on either side; the budget abstains (never fails).
-2. ``threshold``: there is no change, or it is within ``T - M``: within budget even if the
-   noise hid part of it; pass.
-3. ``floor``: it is no larger than the metric's absolute floor
-   (:func:`stepscope.analysis.compare.budgets.floors`: 0.5 ms, 16 MiB, 1 GB/s by default); pass.
-   Not when the candidate ran at another load than the baseline (a CPU-time step time whose
-   margin includes the load's, :class:`~stepscope.analysis.compare.stats.Load`): a load change
-   moves CPU time by more than the floor, so a small change then says nothing either way.
-4. ``noise``: it exceeds ``T + M``: over budget by more than runs of the same code differ; fail.
-5. ``grey_zone``: between the two, noise alone could put it on either side of the budget;
+2. ``threshold``: no change at all (identical runs), or the upper bound is within the budget's
+   threshold: the data rule out a change over budget; pass.
+3. ``floor``: the upper bound is within the floor (larger than the threshold); pass.
+4. ``noise``: the lower bound exceeds ``G``: over budget whatever the noise and the load did; fail.
+5. ``grey_zone``: anything else: the data allow a change over ``G`` and one under it;
    inconclusive (the pytest plugin re-runs the test first).
 
-The Mann-Whitney U test over the per-run values is reported (``p_value``), never decisive: with
-three runs against one it cannot go below 0.25, which is the truth about so few runs. A test
-over the steps of one run would give p=1e-9 for a run that a busy machine slowed down as a whole.
-Identical runs have zero deltas, so steps 2 or 3 pass every budget: they never fail.
+So "pass" never hides a regression the noise or the load could have masked, and "regression"
+never reports one that they could have made up. The Mann-Whitney U test over the per-run values
+is reported (``p_value``), never decisive: with three runs against one it cannot go below 0.25,
+which is the truth about so few runs. A test over the steps of one run would give p=1e-9 for a
+run that a busy machine slowed down as a whole.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ from stepscope.analysis.compare.budgets import Budget
 from stepscope.analysis.compare.budgets import floors as default_floors
 from stepscope.analysis.compare.comparison import Comparison, MetricDelta
 from stepscope.analysis.compare.stats import MannWhitney, Noise
-from stepscope.analysis.quantiles import median
 from stepscope.errors import Inconclusive, StepscopeError
 from stepscope.units import format_value, p_value, signed_percent
 
@@ -66,6 +68,9 @@ class BudgetResult:
     p_value: float | None
     decided_by: str
     message: str
+    bounds: tuple[float, float] | None = None
+    """The lowest and highest change the data allow (:func:`change_bounds`); None when not
+    available."""
 
     @property
     def violated(self) -> bool:
@@ -81,6 +86,8 @@ class BudgetResult:
                 "statistic": m.statistic,
                 "baseline": m.base_value, "candidate": m.cand_value, "delta": m.delta, "delta_pct": m.delta_pct,
                 "exceeded": self.exceeded, "p_value": self.p_value, "decided_by": self.decided_by,
+                "change_low": None if self.bounds is None else self.bounds[0],
+                "change_high": None if self.bounds is None else self.bounds[1],
                 "noise": None if m.noise is None else m.noise.to_json(), "message": self.message}
 
 
@@ -115,17 +122,17 @@ def noise_text(noise: Noise, unit: str) -> str:
                 "a change that size could be noise it cannot see")
     else:
         text = f"run-to-run noise +-{format_value(noise.margin, unit)} ({runs})"
-    return text + _load_text(noise, unit)
+    return text + _load_text(noise)
 
 
-def _load_text(noise: Noise, unit: str) -> str:
-    """What the change of load added to the margin, in words (nothing when it did not change)."""
+def _load_text(noise: Noise) -> str:
+    """What the load added to the bounds, in words (nothing when no run waited for a core)."""
     load = noise.load
-    if load is None or not noise.load_allowance:
+    if load is None or not load.inflation:
         return ""
-    return (f"; the candidate ran at another load (its steps took {median(list(load.candidate)):.1f}x their CPU "
-            f"time in wall time, the baseline's {min(load.baseline):.1f}-{max(load.baseline):.1f}x), which moves "
-            f"CPU time too: +-{format_value(noise.load_allowance, unit)} of it included")
+    return (f"; the runs were loaded (the most loaded one's steps took {load.worst:.2f}x their CPU time in "
+            f"wall time, the baseline's {min(load.baseline):.2f}-{max(load.baseline):.2f}x), which inflates "
+            f"CPU time: either side's may be up to {load.inflation * 100:.0f}% too high")
 
 
 def _between_runs(test: MannWhitney | None, alpha: float) -> str:
@@ -137,13 +144,32 @@ def _between_runs(test: MannWhitney | None, alpha: float) -> str:
     return f"; Mann-Whitney over run values p={p_value(test.p_value)} (n={test.n_x}/{test.n_y} runs)"
 
 
+def change_bounds(m: MetricDelta, noise: Noise, direction: int) -> tuple[float, float]:
+    """The lowest and highest change (in the budget's direction, the metric's unit) that the
+    candidate's value allows once the noise margin and the load's inflation are taken off and
+    added (module docs)."""
+    assert m.base_value is not None and m.cand_value is not None
+    factor = 1.0 + noise.inflation
+    ends = [direction * (value - m.base_value)
+            for value in ((m.cand_value - noise.margin) / factor, (m.cand_value + noise.margin) * factor)]
+    return min(ends), max(ends)
+
+
+def _bounds_text(low: float, high: float, m: MetricDelta) -> str:
+    base = abs(m.base_value or 0.0)
+    if not base:
+        return f"the change lies between {format_value(low, m.unit)} and {format_value(high, m.unit)}"
+    return f"the change lies between {signed_percent(100 * low / base)} and {signed_percent(100 * high / base)}"
+
+
 def evaluate_budget(comparison: Comparison, budget: Budget, floor: float) -> BudgetResult:
     """Apply the rule in the module docs to one budget, with the metric's absolute ``floor``."""
     m = comparison.metric(budget.metric)
     limit = _threshold_text(budget, m)
 
-    def result(status: str, exceeded: bool | None, p: float | None, decided_by: str, message: str) -> BudgetResult:
-        return BudgetResult(budget, m, floor, status, exceeded, p, decided_by, message)
+    def result(status: str, exceeded: bool | None, p: float | None, decided_by: str, message: str,
+               bounds: tuple[float, float] | None = None) -> BudgetResult:
+        return BudgetResult(budget, m, floor, status, exceeded, p, decided_by, message, bounds)
 
     noise = m.noise
     if m.delta is None or noise is None:
@@ -151,18 +177,22 @@ def evaluate_budget(comparison: Comparison, budget: Budget, floor: float) -> Bud
                       f"{m.label}: not available ({m.absent_reason or 'no value'})")
     test = m.increase if budget.direction > 0 else m.decrease
     p = None if test is None else test.p_value
-    change, threshold, margin = budget.direction * m.delta, _limit(budget, m), noise.margin
-    exceeded = change > threshold
-    about = f"{noise_text(noise, m.unit)}{_between_runs(test, comparison.alpha)}"
-    if m.delta == 0 or change <= threshold - margin:
-        return result("pass", False, p, "threshold", f"{_change_text(m)}, within {limit} ({about})")
-    if abs(m.delta) <= floor and not noise.load_allowance:
+    threshold = _limit(budget, m)
+    exceeded = budget.direction * m.delta > threshold
+    low, high = change_bounds(m, noise, budget.direction)
+    about = f"{_bounds_text(low, high, m)}; {noise_text(noise, m.unit)}{_between_runs(test, comparison.alpha)}"
+    if m.delta == 0 or high <= threshold:
+        return result("pass", False, p, "threshold", f"{_change_text(m)}, within {limit} ({about})", (low, high))
+    if high <= floor:
         return result("pass", exceeded, p, "floor", f"{_change_text(m)}, within the {format_value(floor, m.unit)} "
-                                                    f"floor ({about})")
-    if change > threshold + margin:
-        return result("fail", True, p, "noise", f"{_change_text(m)}, over {limit} by more than the noise ({about})")
+                                                    f"floor ({about})", (low, high))
+    guarded = max(threshold, floor)
+    over = limit if threshold >= floor else f"{limit} and the {format_value(floor, m.unit)} floor"
+    if low > guarded:
+        return result("fail", True, p, "noise", f"{_change_text(m)}, over {over} by more than the noise "
+                                                f"({about})", (low, high))
     return result("inconclusive", exceeded, p, "grey_zone",
-                  f"{_change_text(m)}, within the noise of {limit} ({about}): cannot tell")
+                  f"{_change_text(m)}, cannot tell whether it is over {over} ({about})", (low, high))
 
 
 def evaluate(comparison: Comparison, budgets: list[Budget],
