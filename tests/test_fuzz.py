@@ -58,7 +58,7 @@ def test_mutated_traces_ingest_or_are_refused_in_one_line(case: Case) -> None:
 
 
 def _corpus() -> list[Path]:
-    return sorted(p for p in CORPUS.glob("*") if p.suffix in (".json", ".gz"))
+    return sorted(p for p in CORPUS.glob("*") if p.suffix in (".json", ".gz", ".pickle"))
 
 
 def test_the_corpus_is_there() -> None:

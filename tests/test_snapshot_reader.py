@@ -52,6 +52,23 @@ def test_malformed_pickles_are_trace_format_errors(tmp_path: Path, case: str) ->
     assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
 
 
+def test_a_memo_index_that_would_exhaust_memory_is_refused_without_using_it(tmp_path: Path) -> None:
+    """``LONG_BINPUT`` naming memo index 100 million: CPython's unpickler grows its memo to twice
+    that and zero-fills it (1.6 GB for 9 bytes; 10.7 GB for the index the fuzz campaign drew).
+    The unpickle runs with its address space bounded, so the file is refused in one line and
+    the process's peak memory does not grow by the memo's size."""
+    import resource
+
+    path = tmp_path / "memo.pickle"
+    path.write_bytes(b"\x80\x02]r" + struct.pack("<I", 100_000_000) + b".")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    limit = resource.getrlimit(resource.RLIMIT_AS)
+    with pytest.raises(TraceFormatError, match="memo index in it exhausts memory"):
+        load_snapshot(path)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before < 800_000_000
+    assert resource.getrlimit(resource.RLIMIT_AS) == limit  # the bound is lifted after
+
+
 def test_a_pickle_that_would_run_code_is_refused_and_runs_nothing(tmp_path: Path) -> None:
     path = tmp_path / "hostile.pickle"
     path.write_bytes(pickle.dumps({"segments": [], "payload": _Trap()}))

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import io
 import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -56,14 +58,54 @@ def unpickle(source: BinaryIO, path: str | Path) -> Any:
     return load_with(SnapshotUnpickler(source), path)
 
 
-def load_with(unpickler: SnapshotUnpickler, path: str | Path) -> Any:
-    """``unpickler.load()``, its failures as one ``TraceFormatError`` line naming ``path``."""
+HEADROOM_BYTES = 1 << 30
+HEADROOM_PER_FILE_BYTE = 32
+"""Address space an unpickle may add: 1 GiB plus 32 bytes per byte of the file. A real
+snapshot's objects take a few times its size; CPython's unpickler, though, grows its memo table
+to twice any index a ``LONG_BINPUT`` names, and zero-fills it, so 12 bytes naming index 671
+million cost 10.7 GB (the fuzz campaign's snapshot run was killed by the kernel at 21 GB).
+Bounded, such an allocation fails and the file is refused."""
+
+
+@contextmanager
+def _bounded_address_space(path: str | Path) -> Iterator[None]:
+    """This process's address space bounded (``RLIMIT_AS``) to what it uses now plus the
+    headroom above while the unpickle runs, then restored. Only ever tightens a limit; where the
+    platform has no such limit (no ``resource``, no ``/proc``) it is a no-op. Snapshots are
+    unpickled by stepscope's own ingest processes and tests, not inside training, so no other
+    thread of the process is allocating meanwhile."""
     try:
-        return unpickler.load()
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        with open("/proc/self/status") as status:
+            used = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+        bound = used + HEADROOM_BYTES + HEADROOM_PER_FILE_BYTE * Path(path).stat().st_size
+    except (ImportError, OSError, StopIteration, ValueError):
+        yield
+        return
+    unlimited = resource.RLIM_INFINITY
+    if (soft != unlimited and soft <= bound) or (hard != unlimited and hard < bound):
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (bound, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def load_with(unpickler: SnapshotUnpickler, path: str | Path) -> Any:
+    """``unpickler.load()``, its failures as one ``TraceFormatError`` line naming ``path``; its
+    memory bounded (:func:`_bounded_address_space`)."""
+    try:
+        with _bounded_address_space(path):
+            return unpickler.load()
     except TraceFormatError:
         raise
     except MemoryError as exc:
-        raise TraceFormatError(path, "not a readable memory snapshot (a length in it exhausts memory)") from exc
+        raise TraceFormatError(path, "not a readable memory snapshot (a length or memo index in it exhausts "
+                               "memory)") from exc
     except Exception as exc:  # noqa: BLE001 - malformed pickles raise almost any type
         detail = " ".join(f"{type(exc).__name__}: {exc}".split())
         if isinstance(exc, EOFError) or "truncated" in detail or "pickle data was truncated" in detail:
