@@ -8,10 +8,11 @@ The rule for one budget (``decided_by`` names the step that settled it) makes ev
 statement the data support. A side's value is the median of its runs' values; the noise margin
 ``M`` is the run-to-run spread of those values (:class:`~stepscope.analysis.compare.stats.Noise`:
 measured when a side has two runs or more, else assumed, and said so); for a step time in CPU
-time the load adds a factor ``1 + f`` (:class:`~stepscope.analysis.compare.stats.Load`: CPU time
-grows when other processes take the core). So the candidate's value, in the baseline's terms, is
-known only to lie between ``(c - M) / (1 + f)`` and ``(c + M) * (1 + f)``: its change from the
-baseline lies between a **lower** and an **upper bound**. The size the gate guards against is
+time each side's load may have inflated its value by a factor up to ``1 + f_c`` (the candidate)
+or ``1 + f_b`` (the baseline) (:class:`~stepscope.analysis.compare.stats.Load`: CPU time grows,
+never shrinks, when other processes take the core). So the candidate's value, in the baseline's
+terms, is known only to lie between ``(c - M) / (1 + f_c)`` and ``(c + M) * (1 + f_b)``: its
+change from the baseline lies between a **lower** and an **upper bound**. The size the gate guards against is
 ``G``: the budget's threshold, at least the metric's absolute floor
 (:func:`stepscope.analysis.compare.budgets.floors`: 0.5 ms, 16 MiB, 1 GB/s by default).
 
@@ -130,9 +131,12 @@ def _load_text(noise: Noise) -> str:
     load = noise.load
     if load is None or not load.inflation:
         return ""
+    sides = [f"the {side}'s up to {inflation * 100:.0f}% too high"
+             for side, inflation in (("baseline", load.baseline_inflation), ("candidate", load.candidate_inflation))
+             if inflation]
     return (f"; the runs were loaded (the most loaded one's steps took {load.worst:.2f}x their CPU time in "
             f"wall time, the baseline's {min(load.baseline):.2f}-{max(load.baseline):.2f}x), which inflates "
-            f"CPU time: either side's may be up to {load.inflation * 100:.0f}% too high")
+            f"CPU time: {' and '.join(sides)}")
 
 
 def _between_runs(test: MannWhitney | None, alpha: float) -> str:
@@ -146,12 +150,15 @@ def _between_runs(test: MannWhitney | None, alpha: float) -> str:
 
 def change_bounds(m: MetricDelta, noise: Noise, direction: int) -> tuple[float, float]:
     """The lowest and highest change (in the budget's direction, the metric's unit) that the
-    candidate's value allows once the noise margin and the load's inflation are taken off and
-    added (module docs)."""
+    candidate's value allows once the noise margin is taken off and added, and each side's load
+    inflation allowed for (module docs). Load only inflates: the candidate's true value may be its
+    measured one divided by ``1 + candidate_inflation`` (which lowers the change), the baseline's
+    true value its measured one divided by ``1 + baseline_inflation`` (which raises the change, in
+    the baseline's terms: the candidate's value times that factor)."""
     assert m.base_value is not None and m.cand_value is not None
-    factor = 1.0 + noise.inflation
     ends = [direction * (value - m.base_value)
-            for value in ((m.cand_value - noise.margin) / factor, (m.cand_value + noise.margin) * factor)]
+            for value in ((m.cand_value - noise.margin) / (1.0 + noise.candidate_inflation),
+                          (m.cand_value + noise.margin) * (1.0 + noise.baseline_inflation))]
     return min(ends), max(ends)
 
 

@@ -157,11 +157,12 @@ class Load:
 
     CPU time is the measure load moves least, not a measure load cannot move: a run that lost its
     core to other processes measures more CPU time for the same code, and runs in one busy spell
-    agree with each other, so their spread does not show it. So the gate bounds it: the most
-    loaded run of either side (``worst``) sets the ``inflation`` either side's CPU time may carry
-    (:data:`LOAD_INFLATION`, scaled down below :data:`LOAD_FULL`), and the judged ratio of the
-    sides is known only within that factor either way
-    (:func:`stepscope.analysis.compare.gate.evaluate_budget`).
+    agree with each other, so their spread does not show it. Load only ever adds CPU time (a
+    preempted thread refills its caches; a sibling hyperthread halves its throughput), never takes
+    it away. So the gate bounds each side by its own most loaded run: a side's value may be up to
+    its ``*_inflation`` too high, never too low
+    (:func:`stepscope.analysis.compare.gate.change_bounds`). A loaded candidate can then still show
+    a regression's lower bound, and a loaded baseline a pass's upper bound, only wider.
     """
 
     baseline: tuple[float, ...]
@@ -174,12 +175,29 @@ class Load:
 
     @property
     def inflation(self) -> float:
-        """The fraction by which load may have inflated a side's CPU time (0 when no run waited)."""
-        return LOAD_INFLATION * min(1.0, max(0.0, self.worst - 1.0) / (LOAD_FULL - 1.0))
+        """The most either side's CPU time may have been inflated, as a fraction (0 when no run waited)."""
+        return inflation_at(self.worst)
+
+    @property
+    def baseline_inflation(self) -> float:
+        """How much the baseline's CPU time may be too high: its most loaded run's :func:`inflation_at`."""
+        return inflation_at(max(self.baseline))
+
+    @property
+    def candidate_inflation(self) -> float:
+        """How much the candidate's CPU time may be too high: its most loaded run's :func:`inflation_at`."""
+        return inflation_at(max(self.candidate))
 
     def to_json(self) -> dict[str, object]:
         return {"baseline": list(self.baseline), "candidate": list(self.candidate), "worst": self.worst,
-                "inflation": self.inflation}
+                "inflation": self.inflation, "baseline_inflation": self.baseline_inflation,
+                "candidate_inflation": self.candidate_inflation}
+
+
+def inflation_at(load: float) -> float:
+    """The fraction by which a run at ``load`` (wall over CPU time) may have had its CPU time
+    inflated: :data:`LOAD_INFLATION` from :data:`LOAD_FULL` on, falling linearly to 0 at 1.0."""
+    return LOAD_INFLATION * min(1.0, max(0.0, load - 1.0) / (LOAD_FULL - 1.0))
 
 
 def run_load(wall: Sequence[float], cpu: Sequence[float]) -> tuple[float, ...]:
@@ -195,9 +213,8 @@ class Noise:
     ``spread`` is the larger range (max - min) of the per-run values on either side (None when
     neither side has two runs: not measured); ``margin`` is what the candidate's value may be off
     by, either way: the spread, at least :data:`MIN_NOISE` of the baseline for a timed metric, or
-    :data:`UNSEEN_NOISE` of it when not measured. ``load`` (a step time in CPU time only) adds a
-    factor: ``inflation`` (:attr:`Load.inflation`), by which the ratio of the sides may be off
-    either way.
+    :data:`UNSEEN_NOISE` of it when not measured. ``load`` (a step time in CPU time only) adds,
+    for each side, the fraction by which its value may be too high (:class:`Load`).
     """
 
     baseline_runs: int
@@ -211,9 +228,14 @@ class Noise:
         return self.spread is not None
 
     @property
-    def inflation(self) -> float:
-        """The load's factor on the ratio of the sides (0 without a load)."""
-        return 0.0 if self.load is None else self.load.inflation
+    def baseline_inflation(self) -> float:
+        """How much the load may have inflated the baseline's value (0 without a load)."""
+        return 0.0 if self.load is None else self.load.baseline_inflation
+
+    @property
+    def candidate_inflation(self) -> float:
+        """How much the load may have inflated the candidate's value (0 without a load)."""
+        return 0.0 if self.load is None else self.load.candidate_inflation
 
     def to_json(self) -> dict[str, object]:
         return {"baseline_runs": self.baseline_runs, "candidate_runs": self.candidate_runs,
