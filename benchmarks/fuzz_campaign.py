@@ -218,6 +218,7 @@ def snapshot_campaign(n: int, seed_value: int, save: Path) -> int:
     t0 = time.monotonic()
     bound = _bound_address_space()
     kinds: collections.Counter[str] = collections.Counter()
+    reasons: collections.Counter[str] = collections.Counter()
     failures: list[tuple[int, str]] = []
     work = Path(tempfile.mkdtemp(prefix="stepscope-fuzz-snap-"))
     done = 0
@@ -235,8 +236,10 @@ def snapshot_campaign(n: int, seed_value: int, save: Path) -> int:
         for case in drawn[:min(CHUNK, n - chunk)]:
             path = work / "snapshot.pickle"
             path.write_bytes(materialize_snapshot(case))
-            kind, problems = check_snapshot(path)
+            kind, problems, reason = check_snapshot(path)
             kinds[kind] += 1
+            if reason is not None:
+                reasons[reason] += 1
             failures += [(done, p) for p in problems]
             if problems:
                 save.mkdir(parents=True, exist_ok=True)
@@ -249,6 +252,9 @@ def snapshot_campaign(n: int, seed_value: int, save: Path) -> int:
     print(f"snapshot cases tried: {done} (seed {seed_value}), {time.monotonic() - t0:.0f} s: read {kinds['read']}, "
           f"refused {kinds['refused']}, crashed {kinds['crashed']}; failures: {len(failures)}; "
           f"address space bounded at {bound / 2**30:.1f} GiB (a MemoryError counts as a crash)")
+    print("refusals by reason:")
+    for reason, count in reasons.most_common():
+        print(f"  {count:6d}  {reason}")
     for index, failure in failures[:50]:
         print(f"  case {index}: {failure[:300]}")
     return 1 if failures else 0

@@ -137,17 +137,19 @@ def materialize_snapshot(case: SnapshotCase) -> bytes:
     return data
 
 
-def check_snapshot(path: Path) -> tuple[str, list[str]]:
-    """(``read`` or ``refused``, failures) of the reader on one file."""
+def check_snapshot(path: Path) -> tuple[str, list[str], str | None]:
+    """(``read``, ``refused`` or ``crashed``; failures; the refusal's reason class, for counting
+    refusals by reason) of the reader on one file."""
     from stepscope.collector.memory_snapshot import load_snapshot, snapshot_table
     from stepscope.errors import TraceFormatError
+    from tests.fuzz_oracle import reason_class
 
     try:
         snapshot_table(load_snapshot(path), "fuzz", str(path))
     except TraceFormatError as exc:
         line = str(exc)
         problems = [] if line.startswith(f"{path}: ") and "\n" not in line else [f"refusal is not one line naming the file: {line[:300]}"]
-        return "refused", problems
+        return "refused", problems, reason_class(line, path)
     except Exception as exc:  # noqa: BLE001
-        return "crashed", [f"snapshot reader raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"]
-    return "read", []
+        return "crashed", [f"snapshot reader raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"], None
+    return "read", [], None

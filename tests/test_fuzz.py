@@ -170,5 +170,5 @@ def test_mutated_memory_snapshots_are_read_or_refused_in_one_line(data: st.DataO
     work, _ = _work()
     path = work / "snapshot.pickle"
     path.write_bytes(materialize_snapshot(case))
-    kind, failures = check_snapshot(path)
+    kind, failures, _ = check_snapshot(path)
     assert not failures, f"{case.describe()}\n{failures}"
