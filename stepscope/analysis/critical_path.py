@@ -110,9 +110,10 @@ def _key(rank: int, ts: int, end: int, stream: Any, tid: Any) -> KEY:
 def _collectives(store: SQLStore, run: str) -> tuple[dict[KEY, Collective], dict[int, int], Unpaired | None]:
     """Every collective event by key, aligned, with sends paired to their recvs per peer
     (:func:`pair_p2p`), each rank's clock correction, and what point-to-point transfers stayed
-    unpaired."""
+    unpaired. A collective event without a start time (a hand-edited or cut trace: ingest keeps
+    an event whose ``ts`` is missing) has no place on the graph and is left out of it."""
     table = store.sql("SELECT rank, ts_ns, end_ns, stream, tid, host_side, collective, name FROM rank_collectives "
-                      "WHERE run = $run", {"run": run})
+                      "WHERE run = $run AND ts_ns IS NOT NULL AND end_ns IS NOT NULL", {"run": run})
     out: dict[KEY, Collective] = {}
     for r in table.to_pylist():
         lane = (0, -1) if r["host_side"] else (1, -1 if r["stream"] is None else r["stream"])
