@@ -156,8 +156,10 @@ b AS (
   FROM m
 )
 SELECT rank, device_type, device, max(total_allocated) AS total_allocated, max(total_reserved) AS total_reserved,
-       bool_or(rebuilt) AS rebuilt, arg_max(ts_ns, total_allocated) AS ts_ns
-FROM b GROUP BY rank, device_type, device, bucket
+       bool_or(rebuilt) AS rebuilt,
+       min(ts_ns) FILTER (WHERE total_allocated = peak) AS ts_ns  -- the earliest point at the bucket's peak
+FROM (SELECT *, max(total_allocated) OVER (PARTITION BY rank, device_type, device, bucket) AS peak FROM b)
+GROUP BY rank, device_type, device, bucket
 ORDER BY rank, device_type, device, ts_ns"""
 
 _LAUNCH_BEFORE = f"""

@@ -37,8 +37,8 @@ from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.cache import cached_frame
 from stepscope.store.rankstats.devices import accelerator_sql, name_sql
 from stepscope.errors import UsageError
-from stepscope.store.rankstats.memory import (CURVE_BUCKETS, LIVE_AT_PEAK_CTE, STORED_ALLOCATIONS, bucket_sql,
-                                              memory_cte)
+from stepscope.store.rankstats.memory import (CURVE_BUCKETS, LIVE_AT_PEAK_CTE, PEAK_TIME_SQL, STORED_ALLOCATIONS,
+                                              bucket_sql, memory_cte)
 from stepscope.analysis.findings import Finding, Results, Severity, ranks_phrase, rule
 from stepscope.analysis.sections import SQLStore, section
 
@@ -60,7 +60,7 @@ def memory_timeline(store: SQLStore, run: str, ranks: Sequence[int] | None = Non
 
     With ``max_points``, each (rank, device) series is cut into that many equal time buckets
     and each bucket keeps its maximum allocated and reserved (so no peak is lost), at the time
-    of its maximum allocation. These come from the curve each trace's ingest stored
+    of its maximum allocation (the earliest such time). These come from the curve each trace's ingest stored
     (``rank_memory_curve``: :data:`CURVE_BUCKETS` buckets per trace and device, each with its
     maximum at the time of its maximum allocation), put into the asked buckets by that time.
     For a rank with one trace and a ``max_points`` that divides :data:`CURVE_BUCKETS` (the
@@ -89,7 +89,7 @@ b AS (
   WHERE c.run = $run
 )
 SELECT any_value(run) AS run, rank, device_type, {name_sql("device_type")} AS device_name,
-       {accelerator_sql("device_type")} AS accelerator, device, arg_max(ts_ns, total_allocated) AS ts_ns,
+       {accelerator_sql("device_type")} AS accelerator, device, {PEAK_TIME_SQL} AS ts_ns,
        max(total_allocated) AS total_allocated, max(total_reserved) AS total_reserved,
        bool_or(rebuilt) AS rebuilt
 FROM b GROUP BY rank, device_type, device, bucket

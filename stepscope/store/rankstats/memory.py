@@ -230,6 +230,12 @@ peak, and every allocation that may hold a collector's role (one is given a role
 at the end of the step the role was seen at, or at the trace's end: so every allocation live
 at some step's end, and every one not freed inside the trace)."""
 
+PEAK_TIME_SQL = ("arg_max(ts_ns, {'allocated': total_allocated, 'earliest': -ts_ns}) "
+                 "FILTER (WHERE total_allocated IS NOT NULL)")
+"""The time of a bucket's largest allocation, the earliest where several points reach it: a plain
+``arg_max(ts_ns, total_allocated)`` picks any of the tied rows, and which one changed with the
+thread schedule of a parallel scan (the same trace gave two different curves)."""
+
 RANK_MEMORY_CURVE = f"""
 WITH {_PREPARED},
 m AS (
@@ -240,11 +246,11 @@ m AS (
 b AS (
   SELECT *, {bucket_sql(CURVE_BUCKETS)} AS bucket FROM m
 )
-SELECT source, device_type, device, bucket, arg_max(ts_ns, total_allocated) AS ts_ns,
+SELECT source, device_type, device, bucket, {PEAK_TIME_SQL} AS ts_ns,
        max(total_allocated) AS total_allocated, max(total_reserved) AS total_reserved, bool_or(rebuilt) AS rebuilt
 FROM b GROUP BY source, device_type, device, bucket
 ORDER BY device_type, device, bucket
 """
 """The ``rank_memory_curve`` rows of one trace: per device, :data:`CURVE_BUCKETS` equal time
 buckets over its ``[memory]`` events, each with its largest allocated and reserved memory, at the
-time of its largest allocation."""
+time of its largest allocation (:data:`PEAK_TIME_SQL`)."""
