@@ -13,9 +13,14 @@ Usage: ``python benchmarks/bench_whatif.py [--traces DIR] [--record DIR]``
    samples); with ``--record DIR``, recorded afresh: examples/late_rank_gloo.py (12 profiled
    steps) with a 30 ms sleep against none (``rank 2: on time``), the same with an 8 MB
    all-reduce every step against 16 MB (``communication_transfer*2``), and a 3-stage 1F1B
-   pipeline (4 profiled steps) with stage 1
-   slowed (examples/train_pipeline_cpu.py ``--slow-stage 1``) against the balanced one
-   (``rank 1: on time``). Each pair prints the prediction's median and mean over the steps
+   pipeline (4 profiled steps) with stage 1 slowed by sleeping (examples/train_pipeline_cpu.py
+   ``--slow-stage 1 --slow-kind sleep``) against the balanced one (``rank 1: on time``). The
+   sleep stands for a GPU stage on its own device: it delays its neighbours without taking
+   their CPU. Stage 1 slowed by extra compute (``--slow-kind compute``, the committed samples'
+   kind) is printed too, as the 2-core contention case: its three ranks share two cores, so the
+   slow stage's compute also slows the other ranks' own work and gloo transfers (in one
+   recording their host work grew 74% and 123%), which the slow run's trace records and no
+   replay that makes only rank 1 on time can remove. Each pair prints the prediction's median and mean over the steps
    against the measured run's, the error bar, and the measured run's own step spread (its
    steps' coefficient of variation and their range over their median: a prediction cannot be
    expected closer than the run is to itself).
@@ -128,6 +133,7 @@ def _record(folder: Path) -> Path:
         [*late, "--run-name", "rec-comm-1x", "--sleep-ms", "0", "--comm-mb", "8"],
         [*late, "--run-name", "rec-comm-2x", "--sleep-ms", "0", "--comm-mb", "16"],
         [*pipe, "--run-name", "rec-pp-slow", "--slow-stage", "1"],
+        [*pipe, "--run-name", "rec-pp-sleep", "--slow-stage", "1", "--slow-kind", "sleep"],
         [*pipe, "--run-name", "rec-pp-balanced"],
     ]
     for command in commands:
@@ -162,6 +168,8 @@ def main() -> int:
             recorded = _record(args.record)
             held.append(_pair(recorded, "rec-late", "rec-even", "rank 2: on time"))
             held.append(_pair(recorded, "rec-comm-1x", "rec-comm-2x", "communication_transfer*2"))
+            held.append(_pair(recorded, "rec-pp-sleep", "rec-pp-balanced", "rank 1: on time"))
+            print("  the 2-core contention case (stage 1 slowed by compute that the other ranks' CPU shares):")
             held.append(_pair(recorded, "rec-pp-slow", "rec-pp-balanced", "rank 1: on time"))
         else:
             print("  (no --record: the fresh gloo and pipeline pairs were not recorded; no balanced 3-stage 1F1B "

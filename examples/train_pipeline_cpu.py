@@ -15,7 +15,11 @@ Megatron-LM does): the step's one meeting point, where stages that finished earl
 
 ``--slow-stage S`` gives stage S an extra product per layer through a hidden layer
 ``--slow-factor`` times the model width, so the other stages wait for it: the case the
-``pipeline.bubble`` finding must name. Started plainly, the script spawns the ranks itself
+``pipeline.bubble`` finding must name. That compute also takes CPU from the other ranks when
+there are more ranks than cores (three on two), slowing their own work and their gloo
+transfers; ``--slow-kind sleep`` instead sleeps ``--slow-ms`` per layer in the stage's forward
+and twice that in its backward, delaying its neighbours without taking their CPU, as a GPU
+stage on its own device would (what ``benchmarks/bench_whatif.py`` validates ``on time`` with). Started plainly, the script spawns the ranks itself
 (``mp.spawn``); under ``torchrun`` each process is one rank. One thread per rank: it runs on two
 cores. ``sample_traces/pp-*`` were recorded with it (sample_traces/README.md).
 """
@@ -24,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -64,6 +70,8 @@ class PipelineRun:
     max_grad_norm: float = 1.0
     slow_stage: int | None = None
     slow_factor: int = 64
+    slow_kind: str = "compute"
+    slow_ms: float = 6.0
     trace_dir: str | None = None
 
 
@@ -80,6 +88,42 @@ class SlowDown(nn.Module):
         return x + 0.0 * self.down(torch.tanh(self.up(x)))
 
 
+class _Sleep(torch.autograd.Function):
+    """The identity, sleeping ``seconds`` in its forward and twice that in its backward (a
+    layer's backward costs about two of its forwards)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, seconds: float) -> torch.Tensor:
+        ctx.seconds = seconds
+        time.sleep(seconds)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        time.sleep(2 * ctx.seconds)
+        return grad, None
+
+
+class SleepDown(nn.Module):
+    """A slow stage that takes no CPU: sleeps ``ms`` in the forward, ``2 * ms`` in the backward."""
+
+    def __init__(self, ms: float) -> None:
+        super().__init__()
+        self.seconds = ms / 1000
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Sleep.apply(x, self.seconds)
+
+
+SLOW_KINDS = ("compute", "sleep")
+"""``--slow-kind`` choices (:func:`slow_module`)."""
+
+
+def slow_module(cfg: PipelineRun) -> nn.Module:
+    """The slow stage's extra module: :class:`SleepDown` for the sleep kind, else :class:`SlowDown`."""
+    return SleepDown(cfg.slow_ms) if cfg.slow_kind == "sleep" else SlowDown(cfg.d_model, cfg.slow_factor)
+
+
 class Stage(nn.Module):
     """One pipeline stage: the embedding on the first, encoder layers, the norm and head on the last."""
 
@@ -94,7 +138,7 @@ class Stage(nn.Module):
                                        norm_first=True)
             for _ in range(cfg.layers_per_stage)
         )
-        self.slow = SlowDown(cfg.d_model, cfg.slow_factor) if cfg.slow_stage == index else None
+        self.slow = slow_module(cfg) if cfg.slow_stage == index else None
         if self.last:
             self.norm = nn.LayerNorm(cfg.d_model)
             self.head = nn.Linear(cfg.d_model, cfg.vocab)
@@ -151,7 +195,8 @@ def train_rank(rank: int, world_size: int, port: int | None, cfg: PipelineRun) -
                                trace_dir=cfg.trace_dir,
                                tags={"example": "train_pipeline_cpu", "schedule": cfg.schedule,
                                      "microbatches": str(cfg.microbatches),
-                                     "slow_stage": "" if cfg.slow_stage is None else str(cfg.slow_stage)}) as prof:
+                                     "slow_stage": "" if cfg.slow_stage is None else str(cfg.slow_stage),
+                                     "slow_kind": "" if cfg.slow_stage is None else cfg.slow_kind}) as prof:
             for _ in range(cfg.steps):
                 tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq + 1), generator=data)
                 inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -190,12 +235,17 @@ def main() -> None:
                         help="give this stage (index among all stages) extra products")
     parser.add_argument("--slow-factor", type=int, default=64,
                         help="width of the extra product, in multiples of the model width")
+    parser.add_argument("--slow-kind", choices=SLOW_KINDS, default="compute",
+                        help="compute: the extra product (takes CPU from the other ranks on a shared host); "
+                             "sleep: --slow-ms per layer in the forward, twice in the backward (takes none)")
+    parser.add_argument("--slow-ms", type=float, default=6.0, help="the sleep kind's forward sleep per layer")
     parser.add_argument("--trace-dir", default=None, help="also keep the exported Kineto JSON here")
     args = parser.parse_args()
     cfg = PipelineRun(store=args.store, run=args.run_name, schedule=args.schedule,
                       microbatches=args.microbatches, steps=args.steps, wait=args.wait,
                       warmup=args.warmup, active=args.active, slow_stage=args.slow_stage,
-                      slow_factor=args.slow_factor, trace_dir=args.trace_dir)
+                      slow_factor=args.slow_factor, slow_kind=args.slow_kind, slow_ms=args.slow_ms,
+                      trace_dir=args.trace_dir)
     if cfg.batch % cfg.microbatches:
         parser.error(f"--microbatches must divide the batch ({cfg.batch})")
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: this process is one rank

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import shutil
 import statistics
+from collections import defaultdict
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from stepscope.analysis.critical_path import step_paths
-from stepscope.analysis.replay import parse_change, what_if
+from stepscope.analysis.critical_path import (Collective, Mark, RankStep, Segments, StepGraph, step_paths,
+                                              transfer_end)
+from stepscope.analysis.replay import _shrinks, parse_change, replay_step, what_if
 from stepscope.cli import main
 from stepscope.errors import StoreError, UsageError
 from stepscope.store import open_store
@@ -287,3 +289,81 @@ def test_unpaired_transfers_are_named(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "24 whose other side" in result.unpaired.reason
     assert main(["whatif", "--store", str(tmp_path / "store"), "--run", "cut"]) == 0
     assert "48 point-to-point transfers replay as measured" in capsys.readouterr().out
+
+
+class _AllCompute(Segments):
+    """Every host stretch is ``compute_ops`` (a hand-built graph has no ``rank_segments``)."""
+
+    def __init__(self) -> None:
+        super().__init__(None, "", [])  # type: ignore[arg-type]
+
+    def cut(self, rank: int, breakdown: str, t0: int, t1: int, shift: int = 0) -> dict[str, int]:
+        return {"compute_ops": t1 - t0}
+
+
+def _p2p(g: StepGraph, inst: int, send: tuple[int, float, float],
+         recv: tuple[int, float, float]) -> tuple[Collective, ...]:
+    """A paired gloo send (rank, issue, end) and recv in ``g`` (times in ms), issued on their ranks."""
+    pair = []
+    for (rank, t, end), name in ((send, "send"), (recv, "recv")):
+        c = Collective(rank, int(t * MS), int(end * MS), (0, -1), True, name, inst, int(t * MS))
+        g.ranks[rank].marks.append(Mark("issue", c.ts, c.ts, c))
+        g.instances[inst].append(c)
+        pair.append(c)
+    return tuple(pair)
+
+
+def _wait(g: StepGraph, c: Collective, t0: float, t1: float) -> None:
+    g.ranks[c.rank].marks.append(Mark("wait", int(t0 * MS), int(t1 * MS), c, c.end))
+
+
+MS = 1_000_000
+
+
+def _pinned_send_graph() -> StepGraph:
+    """Two gloo ranks, 30 ms steps. Rank 0 issues send A at 1 ms (rank 1 posts its recv at 1.5 ms,
+    which ends at 1.7: the data moved), computes to 20 ms, and only then waits for send A, whose
+    annotation closes with that wait (20.1 ms), as a 1F1B stage waits for its forward send after
+    the next microbatch. It issues send B at 25 ms, which rank 1 has waited for since 5 ms."""
+    g = StepGraph(0, {r: RankStep(r, 0, 30 * MS) for r in (0, 1)}, defaultdict(list))
+    send_a, recv_a = _p2p(g, -1, (0, 1, 20), (1, 1.5, 1.7))
+    send_a.end = int(20.1 * MS)
+    _wait(g, recv_a, 1.6, 1.7)
+    _wait(g, send_a, 20, 20.1)
+    send_b, recv_b = _p2p(g, -2, (0, 25, 26), (1, 5, 26))
+    _wait(g, recv_b, 5.1, 26)
+    _wait(g, send_b, 25.5, 26)
+    for rs in g.ranks.values():
+        rs.marks.sort(key=lambda m: (m.t, m.kind != "issue"))
+    return g
+
+
+def test_a_gloo_send_waited_for_late_does_not_hold_its_host() -> None:
+    """Send A's end (20.1 ms) is rank 0's own wait, not its transfer: the data moved when rank 1's
+    recv ended (1.7 ms). Halving rank 0's compute halves its host time; the wait for send A,
+    which held nothing, keeps only its own 0.1 ms instead of re-imposing the 19 ms of compute
+    before it (the replay took the send's end as its transfer's: rank 0 still reached send B
+    at 25 ms)."""
+    g = _pinned_send_graph()
+    assert transfer_end(g, g.instances[-1][0]) == int(1.7 * MS)
+    assert replay_step(g, _AllCompute(), {}, []) == 30 * MS
+    # rank 0: send B at 0.5 + 9.5 + 0.1 + 2.45 = 12.55 ms; the transfer after the last arrival
+    # (1 ms) ends both sides (rank 0's 0.25 ms of host work before its wait fits in it); then
+    # rank 0 works 4 ms halved, rank 1 4 ms
+    rank0, rank1 = 12.55 + 1 + 2, 12.55 + 1 + 4
+    assert replay_step(g, _AllCompute(), {}, [parse_change("rank 0: compute_ops*0.5")]) == \
+        pytest.approx((rank0 + rank1) / 2 * MS)
+
+
+def test_on_time_shrinks_the_host_time_since_the_last_wait_that_held() -> None:
+    """Rank 0 reached send B 20 ms after rank 1 had posted its recv. Its host time before it runs
+    from the step's start (its wait for send A held nothing): 25 ms over three stretches, all
+    shrunk by 20 / 25, not only the 4.9 ms after the last wait mark (which left it 15 ms late)."""
+    g = _pinned_send_graph()
+    factors = _shrinks(g, g.ranks[0])
+    assert factors == pytest.approx({0: 0.2, 1: 0.2, 2: 0.2})
+    # rank 0 reaches send B at (1 + 19 + 4.9) * 0.2 + 0.1 (its wait for send A) = 5.08 ms, as
+    # rank 1 posted its recv; the last 0.5 ms before its wait fits in the 1 ms transfer; both
+    # ranks end 4 ms after it
+    predicted = replay_step(g, _AllCompute(), {}, [parse_change("rank 0: on time")])
+    assert predicted == pytest.approx((5.08 + 1 + 4) * MS)

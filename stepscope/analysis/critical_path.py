@@ -256,6 +256,20 @@ def binding_members(g: StepGraph, c: Collective) -> list[Collective]:
     return members
 
 
+def transfer_end(g: StepGraph, c: Collective) -> int:
+    """When ``c``'s work is known to have ended (aligned): its end, but for a gloo point-to-point
+    transfer the earlier of its end and its binding other side's (:func:`binding_members`). A gloo
+    send or recv completes, and its annotation closes, only when its host waits for it (a 1F1B
+    stage waits for a forward send after computing the next microbatch), so one side's end can
+    be its own host's later wait, while the data had moved when the first of the two ended. A
+    replay that kept that end would re-impose the host time before the wait after any change."""
+    if c.host_side and c.name in P2P:
+        members = binding_members(g, c)
+        if members:
+            return min(m.end for m in members)
+    return c.end
+
+
 def last_arrival(g: StepGraph, c: Collective) -> Collective | None:
     """The binding member of ``c``'s instance that started last (:func:`binding_members`)."""
     members = binding_members(g, c)

@@ -10,7 +10,9 @@ The graph is :mod:`stepscope.analysis.critical_path`'s. Each rank starts the ste
   time after the last arrival (its transfer; scaled by ``comm_transfer``/``communication_transfer``);
   an unmatched collective, or a send that ended before its recv arrived (buffered), ends its
   whole (scaled) duration after its arrival; a point-to-point transfer waits for its other side
-  only (:func:`~stepscope.analysis.critical_path.binding_members`);
+  only (:func:`~stepscope.analysis.critical_path.binding_members`), and a gloo one ends when the
+  first of its two sides did (:func:`~stepscope.analysis.critical_path.transfer_end`: the other
+  side's end can be its own host's later wait);
 - a **wait** ends at the later of when the host got there and the awaited work's replayed end,
   plus what it measured after that end; work the host waits for on the GPU is the GPU's measured
   time from the wait's start to that end, cut into the GPU breakdown's parts, scaled.
@@ -28,7 +30,7 @@ Changes (``--change`` of ``stepscope whatif``, :func:`parse_change`):
 - ``PART*F``: scale a part of the catalogue (GPU or host) by ``F`` on every rank; ``rank 3:
   PART*F`` (or ``rank 3,5: ...``) on those ranks only;
 - ``rank R: on time``: remove rank R's lateness: before each collective it arrived at after every
-  other member, its host time since its previous wait shrinks by how late it was;
+  other member, its host time since its previous wait that held it shrinks by how late it was;
 - ``copies hidden``: every exposed copy and memset part scaled to 0 (copies moved under compute);
 - ``no launch gaps``: the GPU's idle time scaled to 0 (the host always launched in time).
 """
@@ -42,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from stepscope.analysis.critical_path import (Collective, Mark, RankStep, RunGraph, Segments, StepGraph, Unpaired,
-                                              binding_members, last_arrival, run_graph)
+                                              binding_members, last_arrival, run_graph, transfer_end)
 from stepscope.analysis.sections import SQLStore
 from stepscope.errors import UsageError
 from stepscope.store.rankstats.parts import COMM_TRANSFER, COMMUNICATION_TRANSFER, GPU, HOST, IDLE
@@ -132,21 +134,35 @@ def _scaled(seg: Segments, f: _Factors, rank: int, breakdown: str, t0: int, t1: 
     return sum(ns * f.of(rank, part) for part, ns in seg.cut(rank, breakdown, t0, t1, shift).items())
 
 
+def _held(g: StepGraph, m: Mark) -> bool:
+    """Whether wait ``m`` held the host: the work it waits for ended after the host got there (a
+    gloo send waited for long after its data moved did not; :func:`transfer_end`)."""
+    done = transfer_end(g, m.dep) if m.dep is not None else m.dep_end
+    return done is not None and done > m.t
+
+
 def _shrinks(g: StepGraph, rs: RankStep) -> dict[int, float]:
-    """Mark index -> the factor removing the rank's lateness from its host time before that issue."""
+    """Mark index -> the factor of the host time before that mark (since the previous one) that
+    removes the rank's lateness: at each issue it arrived at after every other member, its host
+    time since the previous wait that held it (:func:`_held`; before it, the rank was held by
+    others) shrinks by how late it was, all of it when later than that; a stretch before several
+    such issues takes the smallest factor."""
     out: dict[int, float] = {}
-    since = rs.start
+    since, first = rs.start, 0
     for i, m in enumerate(rs.marks):
         if m.kind == "wait":
-            since = m.t_end
+            if _held(g, m):
+                since, first = m.t_end, i + 1
             continue
-        others = [c.arrival for c in g.instances.get(m.dep.inst, []) if c.rank != rs.rank] if m.dep and m.dep.inst else []
+        others = ([c.arrival for c in g.instances.get(m.dep.inst, []) if c.rank != rs.rank]
+                  if m.dep is not None and m.dep.inst is not None else [])
         if not others:
             continue
         late = m.dep.arrival - max(others)
         busy = m.t - since
         if late > 0 and busy > 0:
-            out[i] = max(0.0, 1 - late / busy)
+            for j in range(first, i + 1):
+                out[j] = min(out.get(j, 1.0), max(0.0, 1 - late / busy))
     return out
 
 
@@ -179,7 +195,7 @@ def replay_step(g: StepGraph, seg: Segments, shift: dict[int, int], changes: Seq
             if not force and any(id(m) not in arrive for m in members):
                 return None
             latest = max(arrive.get(id(m), float(m.arrival)) for m in members)
-            value = latest + max(c.end - last.arrival, 0) * tf
+            value = latest + max(transfer_end(g, c) - last.arrival, 0) * tf
         ends[id(c)] = value
         return value
 
@@ -200,7 +216,7 @@ def replay_step(g: StepGraph, seg: Segments, shift: dict[int, int], changes: Seq
                     e = end_of(m.dep, force)
                     if e is None:
                         return moved
-                    st.t = max(st.t, e + max(m.t_end - dep_end, 0))
+                    st.t = max(st.t, e) + max(m.t_end - max(transfer_end(g, m.dep), st.at), 0)
                 else:
                     st.t += (_scaled(seg, f, r, "gpu", m.t, dep_end, shift.get(r, 0))
                              + max(m.t_end - max(dep_end, m.t), 0))
