@@ -237,7 +237,8 @@ def cli_part(condition: str, pairs: int, steps: int, cand_runs: int, batches: di
             judged[kind].append((step.cand_value or 0) / (step.base_value or 1))
             noise = step.noise
             if kind == "unchanged":
-                unchanged_deltas.append(f"{step.delta_pct:+.0f}%{'L' if noise and noise.load and noise.load.inflation else ''}"
+                loaded = noise is not None and noise.load is not None and noise.load.inflation > 0
+                unchanged_deltas.append(f"{step.delta_pct:+.0f}%{'L' if loaded else ''}"
                                         f"{'!' if result.status == 'regression' else '?' if result.status == 'inconclusive' else ''}")
             if result.status != "pass":
                 reasons[f"{kind} {result.status}: {result.reasons[0][:200]}"] += 1
