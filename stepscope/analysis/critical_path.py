@@ -35,6 +35,7 @@ import pyarrow as pa
 from stepscope.analysis.absent import Absent
 from stepscope.analysis.matching import collective_rows, ranks_with_collectives
 from stepscope.analysis.sections import SQLStore, section
+from stepscope.analysis.segment_index import Segments
 from stepscope.store.rankstats.parts import COMM_TRANSFER, COMMUNICATION_TRANSFER, GPU, HOST
 
 KEY = tuple[int, int, int, int, int]
@@ -326,60 +327,6 @@ def critical_path(g: StepGraph) -> list[Piece]:
     pieces.append(Piece(rs.rank, "carried", first, rs.start))
     pieces.reverse()
     return [p for p in pieces if p.t1 > p.t0]
-
-
-class Segments:
-    """A run's ``rank_segments`` by (rank, breakdown), to cut stretches into parts: read per rank
-    when first cut (a critical path touches a few ranks), or for many ranks at once (:meth:`load`,
-    the replay)."""
-
-    def __init__(self, store: SQLStore, run: str, ranks: Sequence[int]) -> None:
-        self._store, self._run = store, run
-        self._by: dict[tuple[int, str], tuple[list[int], list[tuple[int, int, str]]]] = {}
-        self._loaded: set[int] = set()
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Picklable (the dashboard caches section results): every rank read, without the store."""
-        return {"_store": None, "_run": self._run, "_by": self._by, "_loaded": self._loaded}
-
-    def load(self, ranks: Sequence[int]) -> None:
-        """Read the stretches of ``ranks`` not read yet, in one query."""
-        wanted = sorted(set(int(r) for r in ranks) - self._loaded)
-        if not wanted or self._store is None:
-            return
-        rows = self._store.sql(
-            "SELECT rank, breakdown, part, s0, s1 FROM rank_segments WHERE run = $run "
-            "AND list_contains($ranks::INTEGER[], rank) AND list_contains($parts, part) ORDER BY rank, breakdown, s0",
-            {"run": self._run, "ranks": wanted,
-             "parts": [p.name for b in (GPU, HOST) for p in b.parts[:-1]]})
-        self._loaded.update(wanted)
-        columns = [rows.column(c).to_pylist() for c in ("rank", "breakdown", "part", "s0", "s1")]
-        for rank, breakdown, part, s0, s1 in zip(*columns):
-            starts, items = self._by.setdefault((rank, breakdown), ([], []))
-            starts.append(s0)
-            items.append((s0, s1, part))
-
-    def cut(self, rank: int, breakdown: str, t0: int, t1: int, shift: int = 0) -> dict[str, int]:
-        """Part -> ns of [t0, t1) (aligned; ``shift`` back to the rank's clock) on ``rank``."""
-        last = (GPU if breakdown == "gpu" else HOST).parts[-1].name
-        if rank not in self._loaded:
-            self.load([rank])
-        starts, items = self._by.get((rank, breakdown), ([], []))
-        a, b = t0 + shift, t1 + shift
-        out: dict[str, int] = defaultdict(int)
-        covered = 0
-        # stretches of one breakdown's exclusive parts do not overlap: those starting before b
-        i = max(bisect_left(starts, a) - 1, 0)
-        while i < len(items) and items[i][0] < b:
-            s0, s1, part = items[i]
-            ov = min(s1, b) - max(s0, a)
-            if ov > 0:
-                out[part] += ov
-                covered += ov
-            i += 1
-        if b - a - covered > 0:
-            out[last] += b - a - covered
-        return dict(out)
 
 
 def cut_pieces(pieces: Sequence[Piece], segments: Segments, shift: dict[int, int]) -> list[dict[str, int]]:
