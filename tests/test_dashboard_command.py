@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
 
@@ -15,12 +16,35 @@ def test_binds_to_localhost_by_default(tmp_path: Path) -> None:
     args = build_parser("dashboard").parse_args(["dashboard", "--store", str(tmp_path)])
     assert (args.host, args.port) == ("127.0.0.1", 8501)
     cmd = dashboard.command(args.store, args.host, args.port)
-    assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"]
+    assert cmd[:4] == [sys.executable, "-m", "stepscope.dashboard.server", "run"]
     assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1"
     assert cmd[cmd.index("--server.headless") + 1] == "true"
     assert cmd[cmd.index("--browser.gatherUsageStats") + 1] == "false"
     assert cmd[-3:] == ["--", "--store", str(tmp_path.resolve())]  # the store only on the command line
     assert dashboard.url("0.0.0.0", 9000) == "http://127.0.0.1:9000/"
+
+
+def _imports(path: Path) -> set[str]:
+    """The modules ``path`` imports (``import x``, ``from x import y``), as named."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    return names | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+
+
+def test_the_server_warms_every_module_the_pages_import_that_does_not_use_streamlit() -> None:
+    """What a page or a dashboard helper imports, outside the dashboard and the standard library
+    and without Streamlit, is imported by the server while it starts (``WARM_MODULES``): a module
+    added to a page without it there costs the first visitor its import again."""
+    from stepscope.dashboard import server
+
+    folder = Path(server.__file__).parent
+    scripts = [*folder.glob("*.py"), *(folder / "views").glob("*.py")]
+    wanted = {name for script in scripts for name in _imports(script)
+              if name.split(".")[0] not in sys.stdlib_module_names and name != "__future__"
+              and not name.startswith(("streamlit", "stepscope.dashboard"))}
+    assert wanted - set(server.WARM_MODULES) == set()
+    server.warm_imports()
+    assert all(name in sys.modules for name in server.WARM_MODULES)
 
 
 def test_missing_store_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,7 @@
 """``stepscope dashboard``: serve the Streamlit dashboard on a store, bound to 127.0.0.1 by default.
 
-Runs ``python -m streamlit run stepscope/dashboard/app.py`` in a child process (Streamlit owns
+Runs ``python -m stepscope.dashboard.server run stepscope/dashboard/app.py`` (Streamlit's ``streamlit run``,
+with the pages' imports begun while it starts: :mod:`stepscope.dashboard.server`) in a child process (Streamlit owns
 its event loop and signal handling) and prints the URL. The store path is handed to the app on
 its command line, never through the URL.
 
@@ -50,7 +51,7 @@ def _shown(store: Path | str) -> str:
 def command(store: Path | str, host: str, port: int) -> list[str]:
     """The ``streamlit run`` command line for ``store``."""
     return [
-        sys.executable, "-m", "streamlit", "run", str(APP),
+        sys.executable, "-m", "stepscope.dashboard.server", "run", str(APP),
         "--server.address", host, "--server.port", str(port), "--server.headless", "true",
         "--browser.gatherUsageStats", "false", "--server.runOnSave", "false",
         "--runner.magicEnabled", "false", "--client.toolbarMode", "minimal",
