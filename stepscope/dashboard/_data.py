@@ -19,6 +19,8 @@ opens a sandbox per query, so no visitor's query waits for, or is interrupted wi
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,11 +80,20 @@ def view_columns(root: str, fingerprints: str) -> dict[str, list[str]]:
     return {view: store.sql(f"DESCRIBE {view}").column("column_name").to_pylist() for view in store.tables}
 
 
-@st.cache_data(show_spinner=False, ttl=5)
+REVALIDATE_S = 5.0
+"""How often, at most, a page run starts a listing of the store's files in the background."""
+
+_revalidations: dict[str, list[Any]] = {}
+"""Per store root: [when its files were last listed (monotonic s), whether a listing runs now]."""
+_revalidations_lock = threading.Lock()
+
+
+@st.cache_data(show_spinner=False)
 def runs_table(root: str) -> Any:
-    """The store's ``runs`` view plus each run's sources fingerprint (cached a few seconds, so a
-    new ingest shows up without a restart: the server's ``Store`` lists the store's files again,
-    :meth:`Store.refresh`, which its sessions' views follow)."""
+    """The store's ``runs`` view plus each run's sources fingerprint, computed after listing the
+    store's files again (:meth:`Store.refresh`, which its sessions' views follow). Cached until
+    :func:`revalidate` finds the files changed: a new ingest shows up without a restart, and no
+    page waits for the listing (a second at 1,024 ranks) to draw what it already knows."""
     _open(root).refresh()
     store = store_for(root)
     return store.df(
@@ -102,6 +113,32 @@ def runs_table(root: str) -> Any:
     )
 
 
+def revalidate(root: str) -> None:
+    """List the store's files again in a background thread, at most every :data:`REVALIDATE_S`
+    and one listing at a time; when they changed (an ingest, a prune, a compaction), the runs
+    table is recomputed at the next page run (stale while revalidating: the page that started
+    the listing draws with what was known)."""
+    now = time.monotonic()
+    with _revalidations_lock:
+        state = _revalidations.setdefault(root, [now, False])  # runs_table has just listed it
+        if state[1] or now - state[0] < REVALIDATE_S:
+            return
+        state[1] = True
+    store = _open(root)
+
+    def listing() -> None:
+        try:
+            if store.refresh():
+                runs_table.clear()
+        except Exception:  # noqa: BLE001 - the next page run lists the store itself and says what failed
+            runs_table.clear()
+        finally:
+            with _revalidations_lock:
+                state[0], state[1] = time.monotonic(), False
+
+    threading.Thread(target=listing, name="stepscope-store-listing", daemon=True).start()
+
+
 def open_checked(root: str | None) -> tuple[str, Any]:
     """``(root, runs)`` for a store that can be shown; raises :class:`StoreProblem` otherwise."""
     from stepscope.errors import StepscopeError
@@ -114,6 +151,7 @@ def open_checked(root: str | None) -> tuple[str, Any]:
                            f"`stepscope ingest TRACES --store {root} --run NAME`.")
     try:
         runs = runs_table(shown)
+        revalidate(shown)
     except StepscopeError as exc:
         raise StoreProblem(str(exc)) from exc
     if runs.empty:
