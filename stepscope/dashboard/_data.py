@@ -116,8 +116,8 @@ def runs_table(root: str) -> Any:
 def revalidate(root: str) -> None:
     """List the store's files again in a background thread, at most every :data:`REVALIDATE_S`
     and one listing at a time; when they changed (an ingest, a prune, a compaction), the runs
-    table is recomputed at the next page run (stale while revalidating: the page that started
-    the listing draws with what was known)."""
+    table is recomputed at the next page run (stale while revalidating: ``app.py`` starts it
+    once a page is drawn, so no page waits for it or shares the interpreter with it while drawing)."""
     now = time.monotonic()
     with _revalidations_lock:
         state = _revalidations.setdefault(root, [now, False])  # runs_table has just listed it
@@ -151,7 +151,6 @@ def open_checked(root: str | None) -> tuple[str, Any]:
                            f"`stepscope ingest TRACES --store {root} --run NAME`.")
     try:
         runs = runs_table(shown)
-        revalidate(shown)
     except StepscopeError as exc:
         raise StoreProblem(str(exc)) from exc
     if runs.empty:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from stepscope.dashboard._data import StoreProblem, open_checked, store_root_from_argv
+from stepscope.dashboard._data import StoreProblem, open_checked, revalidate, store_root_from_argv
 from stepscope.dashboard._filters import sidebar
 
 HERE = Path(__file__).resolve().parent
@@ -48,6 +48,7 @@ def main() -> None:
         st.stop()
     st.session_state["ctx"] = sidebar(root, runs)
     nav.run()
+    revalidate(root)  # after the page is drawn: the listing never competes with it
 
 
 main()
