@@ -55,6 +55,8 @@ class Collective:
     issued: int | None = None
     """A point-to-point transfer's issue (aligned): when its rank arrived at it (a gloo transfer's
     annotation may start only after its op moved the data)."""
+    bytes: int | None = None
+    """The message's size as recorded (None: not recorded): what a volume change scales."""
 
     @property
     def arrival(self) -> int:
@@ -112,13 +114,14 @@ def _collectives(store: SQLStore, run: str) -> tuple[dict[KEY, Collective], dict
     (:func:`pair_p2p`), each rank's clock correction, and what point-to-point transfers stayed
     unpaired. A collective event without a start time (a hand-edited or cut trace: ingest keeps
     an event whose ``ts`` is missing) has no place on the graph and is left out of it."""
-    table = store.sql("SELECT rank, ts_ns, end_ns, stream, tid, host_side, collective, name FROM rank_collectives "
-                      "WHERE run = $run AND ts_ns IS NOT NULL AND end_ns IS NOT NULL", {"run": run})
+    table = store.sql("SELECT rank, ts_ns, end_ns, stream, tid, host_side, collective, name, bytes "
+                      "FROM rank_collectives WHERE run = $run AND ts_ns IS NOT NULL AND end_ns IS NOT NULL", {"run": run})
     out: dict[KEY, Collective] = {}
     for r in table.to_pylist():
         lane = (0, -1) if r["host_side"] else (1, -1 if r["stream"] is None else r["stream"])
         out[_key(r["rank"], r["ts_ns"], r["end_ns"], r["stream"], r["tid"])] = Collective(
-            r["rank"], r["ts_ns"], r["end_ns"], lane, bool(r["host_side"]), r["collective"] or r["name"] or "?")
+            r["rank"], r["ts_ns"], r["end_ns"], lane, bool(r["host_side"]), r["collective"] or r["name"] or "?",
+            bytes=r["bytes"])
     corrections: dict[int, int] = {}
     if out and ranks_with_collectives(store, run) >= 2:
         for r in collective_rows(store, run).to_pylist():
