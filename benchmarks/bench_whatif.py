@@ -18,14 +18,15 @@ Usage: ``python benchmarks/bench_whatif.py [--traces DIR] [--record DIR]``
      waiting for its device, off the CPU), rank 1 sleeping 30 ms more against not
      (``rank 1: on time``); 2 ranks all-reducing 8 MB every step against 16 MB
      (``comm_volume*2``: the bytes doubled, each transfer growing by the run's own time per byte,
-     not its latency too); a 3-stage 1F1B pipeline (8 profiled steps) whose stage 1 sleeps
+     not its latency too); a 2-stage 1F1B pipeline (8 profiled steps) whose stage 1 sleeps
      (examples/train_pipeline_cpu.py ``--slow-stage 1 --slow-kind sleep``: a GPU stage that
      delays its neighbours without taking their CPU) against the balanced one
      (``rank 1: on time``);
    - **the 2-core contention cases** (:data:`CONTENTION_PAIRS`): the same questions with three
      always-busy ranks on two cores: the late pair and the all-reduce pair with 3 ranks and no
-     device sleep (the committed samples' design), and stage 1 slowed by compute
-     (``--slow-kind compute``). There the comparison measures the machine: while one rank sleeps
+     device sleep (the committed samples' design), and a 3-stage pipeline whose stage 1 is slowed
+     by compute (``--slow-kind compute``, the committed samples' kind) against a balanced 3-stage
+     one. There the comparison measures the machine: while one rank sleeps
      the other two have a core each, and in the even run three ranks queue for two, so the even
      run's transfers are slower than anything the slow run recorded (rec_0910, load 1.1: the
      32 KB all-reduce took 5.0 ms after its last arrival in the even run, 1.4 ms in the late
@@ -38,7 +39,8 @@ Usage: ``python benchmarks/bench_whatif.py [--traces DIR] [--record DIR]``
    their range over their median), and whether the recordings can resolve a 10% check at all:
    the ratio's standard error from both runs' step spreads (each median's 1.2533 σ / √n); when
    twice it exceeds 10% the pair says so (the committed pair: 4 steps at a CV of 38%), and its
-   ok or MISSED says little either way.
+   ok or MISSED says little either way. The measured ratios: docs/ANALYSIS.md, "Critical path and
+   what-if", Validation.
 
 CPU time (``process_time``) and wall time of each replay are printed with the load average.
 """
@@ -149,25 +151,28 @@ GLOO = ("--steps", "42")
 """examples/late_rank_gloo.py: 40 profiled steps (a step is 5-45 ms: the runs' start dominates)."""
 TWO = ("--ranks", "2", "--late-rank", "1")
 THREE = ("--ranks", "3", "--late-rank", "2")
-PIPE = ("--nproc-per-node", "3", "examples/train_pipeline_cpu.py", "--schedule", "1f1b", "--microbatches", "4",
-        "--steps", "10", "--wait", "1", "--warmup", "1", "--active", "8")
+PIPE = ("examples/train_pipeline_cpu.py", "--schedule", "1f1b", "--microbatches", "4", "--steps", "10", "--wait", "1",
+        "--warmup", "1", "--active", "8")
+"""train_pipeline_cpu.py under torchrun (after ``--nproc-per-node N``): 8 profiled steps."""
 RUNS: dict[str, tuple[str, ...]] = {
     "rec-late": (*TWO, "--device-ms", "10", "--sleep-ms", "30"),
     "rec-even": (*TWO, "--device-ms", "10", "--sleep-ms", "0"),
     "rec-comm-1x": (*TWO, "--sleep-ms", "0", "--comm-mb", "8"),
     "rec-comm-2x": (*TWO, "--sleep-ms", "0", "--comm-mb", "16"),
-    "rec-pp-sleep": (*PIPE, "--slow-stage", "1", "--slow-kind", "sleep"), "rec-pp-balanced": PIPE,
+    "rec-pp-sleep": ("--nproc-per-node", "2", *PIPE, "--slow-stage", "1", "--slow-kind", "sleep"),
+    "rec-pp-balanced": ("--nproc-per-node", "2", *PIPE),
     "rec3-late": (*THREE, "--sleep-ms", "30"), "rec3-even": (*THREE, "--sleep-ms", "0"),
     "rec3-comm-1x": (*THREE, "--sleep-ms", "0", "--comm-mb", "8"),
     "rec3-comm-2x": (*THREE, "--sleep-ms", "0", "--comm-mb", "16"),
-    "rec-pp-slow": (*PIPE, "--slow-stage", "1"),
+    "rec3-pp-slow": ("--nproc-per-node", "3", *PIPE, "--slow-stage", "1"),
+    "rec3-pp-balanced": ("--nproc-per-node", "3", *PIPE),
 }
 """Each fresh run's arguments: late_rank_gloo.py's, or torchrun's for the pipeline (module docs)."""
 MODEL_PAIRS = (("rec-late", "rec-even", "rank 1: on time"), ("rec-comm-1x", "rec-comm-2x", "comm_volume*2"),
                ("rec-pp-sleep", "rec-pp-balanced", "rank 1: on time"))
 """(slow run, measured run, change): the pairs whose ranks do not take each other's cores."""
 CONTENTION_PAIRS = (("rec3-late", "rec3-even", "rank 2: on time"), ("rec3-comm-1x", "rec3-comm-2x", "comm_volume*2"),
-                    ("rec-pp-slow", "rec-pp-balanced", "rank 1: on time"))
+                    ("rec3-pp-slow", "rec3-pp-balanced", "rank 1: on time"))
 """The same questions where three busy ranks share the two cores (module docs)."""
 
 
