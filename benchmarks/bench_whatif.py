@@ -10,20 +10,37 @@ Usage: ``python benchmarks/bench_whatif.py [--traces DIR] [--record DIR]``
 2. **Recorded pairs** (target: the prediction within 10% of the other run's measured step,
    medians over the profiled steps, warm-up excluded by the profiler's schedule):
    ``gloo-3ranks-late`` with ``rank 2: on time`` against ``gloo-3ranks-even`` (the committed
-   samples); with ``--record DIR``, recorded afresh: examples/late_rank_gloo.py (12 profiled
-   steps) with a 30 ms sleep against none (``rank 2: on time``), the same with an 8 MB
-   all-reduce every step against 16 MB (``communication_transfer*2``), and a 3-stage 1F1B
-   pipeline (4 profiled steps) with stage 1 slowed by sleeping (examples/train_pipeline_cpu.py
-   ``--slow-stage 1 --slow-kind sleep``) against the balanced one (``rank 1: on time``). The
-   sleep stands for a GPU stage on its own device: it delays its neighbours without taking
-   their CPU. Stage 1 slowed by extra compute (``--slow-kind compute``, the committed samples'
-   kind) is printed too, as the 2-core contention case: its three ranks share two cores, so the
-   slow stage's compute also slows the other ranks' own work and gloo transfers (in one
-   recording their host work grew 74% and 123%), which the slow run's trace records and no
-   replay that makes only rank 1 on time can remove. Each pair prints the prediction's median and mean over the steps
-   against the measured run's, the error bar, and the measured run's own step spread (its
-   steps' coefficient of variation and their range over their median: a prediction cannot be
-   expected closer than the run is to itself).
+   samples, 4 steps); with ``--record DIR``, recorded afresh (:data:`RUNS`):
+
+   - **the model's pairs** (:data:`MODEL_PAIRS`), whose ranks do not take each other's cores:
+     examples/late_rank_gloo.py with **2 ranks** (the machine has 2 cores) and 40 profiled steps,
+     every rank sleeping 10 ms per step before its compute (``--device-ms``: a GPU rank's host
+     waiting for its device, off the CPU), rank 1 sleeping 30 ms more against not
+     (``rank 1: on time``); 2 ranks all-reducing 8 MB every step against 16 MB
+     (``comm_volume*2``: the bytes doubled, each transfer growing by the run's own time per byte,
+     not its latency too); a 2-stage 1F1B pipeline (8 profiled steps) whose stage 1 sleeps
+     (examples/train_pipeline_cpu.py ``--slow-stage 1 --slow-kind sleep``: a GPU stage that
+     delays its neighbours without taking their CPU) against the balanced one
+     (``rank 1: on time``);
+   - **the 2-core contention cases** (:data:`CONTENTION_PAIRS`): the same questions with three
+     always-busy ranks on two cores: the late pair and the all-reduce pair with 3 ranks and no
+     device sleep (the committed samples' design), and a 3-stage pipeline whose stage 1 is slowed
+     by compute (``--slow-kind compute``, the committed samples' kind) against a balanced 3-stage
+     one. There the comparison measures the machine: while one rank sleeps
+     the other two have a core each, and in the even run three ranks queue for two, so the even
+     run's transfers are slower than anything the slow run recorded (rec_0910, load 1.1: the
+     32 KB all-reduce took 5.0 ms after its last arrival in the even run, 1.4 ms in the late
+     run, with the same compute); a slow stage's compute takes CPU from the other stages (their
+     host work grew 74% and 123% in two recordings). No replay of the slow run can remove what
+     only the other run's machine did; they are printed so the team sees both.
+
+   Each pair prints the prediction's median and mean over the steps against the measured run's,
+   the error bar, the measured run's own step spread (its steps' coefficient of variation and
+   their range over their median), and whether the recordings can resolve a 10% check at all:
+   the ratio's standard error from both runs' step spreads (each median's 1.2533 σ / √n); when
+   twice it exceeds 10% the pair says so (the committed pair: 4 steps at a CV of 38%), and its
+   ok or MISSED says little either way. The measured ratios: docs/ANALYSIS.md, "Critical path and
+   what-if", Validation.
 
 CPU time (``process_time``) and wall time of each replay are printed with the load average.
 """
@@ -37,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,49 +113,83 @@ def _pair(store: Path, slow: str, even: str, change: str) -> bool:
     return _print_pair(slow, even, change, predicted, measured, cpu, wall)
 
 
+def median_error(values: Sequence[float]) -> float:
+    """The standard error of the median of ``values`` as a fraction of it: 1.2533 σ / √n (normal
+    steps). A run's steps are a sample of what the run does; their median is known no closer than
+    this, so a ratio of two medians cannot be checked closer than both errors together."""
+    return 1.2533 * statistics.pstdev(values) / (len(values) ** 0.5 * statistics.median(values))
+
+
 def _print_pair(slow: str, even: str, change: str, predicted: WhatIf, measured: WhatIf, cpu: float,
                 wall: float) -> bool:
     steps = [p.measured_ns for p in measured.steps]
-    med_pred = statistics.median(p.predicted_ns for p in predicted.steps)
+    preds = [p.predicted_ns for p in predicted.steps]
+    med_pred = statistics.median(preds)
     med_meas = statistics.median(steps)
     cv = statistics.pstdev(steps) / statistics.fmean(steps)
     spread = (max(steps) - min(steps)) / med_meas
     ratio = med_pred / med_meas
     ok = abs(ratio - 1) <= 0.10
+    se = (median_error(preds) ** 2 + median_error(steps) ** 2) ** 0.5
+    resolved = 2 * se <= 0.10
     print(f"  {slow} + '{change}' vs {even}: predicted median {med_pred / 1e6:.3f} ms "
           f"± {predicted.error_ns / 1e6:.4f} ms (slow run measured {statistics.median(p.measured_ns for p in predicted.steps) / 1e6:.3f} ms), "
           f"measured median {med_meas / 1e6:.3f} ms: ratio {ratio:.3f} [{'ok' if ok else 'MISSED'} within 10%]; "
           f"means {predicted.predicted_ns / 1e6:.3f} / {measured.measured_ns / 1e6:.3f} ms = "
           f"{predicted.predicted_ns / measured.measured_ns:.3f}; the measured run's own steps: CV {100 * cv:.0f}%, "
           f"range {100 * spread:.0f}% of their median; cpu {cpu:.2f} s, wall {wall:.2f} s")
+    print(f"      the ratio's standard error from both runs' step spreads: {100 * se:.1f}% "
+          f"({len(preds)} and {len(steps)} steps): a 10% check is "
+          + ("resolved (2 SE <= 10%)" if resolved else "NOT resolved by these recordings (2 SE > 10%)"))
     for p in predicted.steps:
         print(f"      {slow} step {p.step}: measured {p.measured_ns / 1e6:.3f} ms -> predicted {p.predicted_ns / 1e6:.3f} ms")
     print(f"      {even} steps: " + ", ".join(f"{p.step}: {p.measured_ns / 1e6:.3f}" for p in measured.steps))
     return ok
 
 
+GLOO = ("--steps", "42")
+"""examples/late_rank_gloo.py: 40 profiled steps (a step is 5-45 ms: the runs' start dominates)."""
+TWO = ("--ranks", "2", "--late-rank", "1")
+THREE = ("--ranks", "3", "--late-rank", "2")
+PIPE = ("examples/train_pipeline_cpu.py", "--schedule", "1f1b", "--microbatches", "4", "--steps", "10", "--wait", "1",
+        "--warmup", "1", "--active", "8")
+"""train_pipeline_cpu.py under torchrun (after ``--nproc-per-node N``): 8 profiled steps."""
+RUNS: dict[str, tuple[str, ...]] = {
+    "rec-late": (*TWO, "--device-ms", "10", "--sleep-ms", "30"),
+    "rec-even": (*TWO, "--device-ms", "10", "--sleep-ms", "0"),
+    "rec-comm-1x": (*TWO, "--sleep-ms", "0", "--comm-mb", "8"),
+    "rec-comm-2x": (*TWO, "--sleep-ms", "0", "--comm-mb", "16"),
+    "rec-pp-sleep": ("--nproc-per-node", "2", *PIPE, "--slow-stage", "1", "--slow-kind", "sleep"),
+    "rec-pp-balanced": ("--nproc-per-node", "2", *PIPE),
+    "rec3-late": (*THREE, "--sleep-ms", "30"), "rec3-even": (*THREE, "--sleep-ms", "0"),
+    "rec3-comm-1x": (*THREE, "--sleep-ms", "0", "--comm-mb", "8"),
+    "rec3-comm-2x": (*THREE, "--sleep-ms", "0", "--comm-mb", "16"),
+    "rec3-pp-slow": ("--nproc-per-node", "3", *PIPE, "--slow-stage", "1"),
+    "rec3-pp-balanced": ("--nproc-per-node", "3", *PIPE),
+}
+"""Each fresh run's arguments: late_rank_gloo.py's, or torchrun's for the pipeline (module docs)."""
+MODEL_PAIRS = (("rec-late", "rec-even", "rank 1: on time"), ("rec-comm-1x", "rec-comm-2x", "comm_volume*2"),
+               ("rec-pp-sleep", "rec-pp-balanced", "rank 1: on time"))
+"""(slow run, measured run, change): the pairs whose ranks do not take each other's cores."""
+CONTENTION_PAIRS = (("rec3-late", "rec3-even", "rank 2: on time"), ("rec3-comm-1x", "rec3-comm-2x", "comm_volume*2"),
+                    ("rec3-pp-slow", "rec3-pp-balanced", "rank 1: on time"))
+"""The same questions where three busy ranks share the two cores (module docs)."""
+
+
 def _record(folder: Path) -> Path:
-    """Record the fresh pairs into ``folder/store`` (kept when already there: record once, rerun the replays)."""
+    """Record the fresh runs into ``folder/store`` (kept when already there: record once, rerun the replays)."""
     store = folder / "store"
     if (folder / "recorded").exists():
         return store
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     py = sys.executable
     torchrun = str(Path(py).with_name("torchrun"))
-    late = [py, "examples/late_rank_gloo.py", "--store", str(store), "--steps", "14"]
-    pipe = [torchrun, "--standalone", "--nproc-per-node", "3", "examples/train_pipeline_cpu.py", "--store", str(store),
-            "--schedule", "1f1b", "--microbatches", "4", "--steps", "6", "--wait", "1", "--warmup", "1", "--active", "4"]
-    commands = [
-        [*late, "--run-name", "rec-late", "--sleep-ms", "30"],
-        [*late, "--run-name", "rec-even", "--sleep-ms", "0"],
-        [*late, "--run-name", "rec-comm-1x", "--sleep-ms", "0", "--comm-mb", "8"],
-        [*late, "--run-name", "rec-comm-2x", "--sleep-ms", "0", "--comm-mb", "16"],
-        [*pipe, "--run-name", "rec-pp-slow", "--slow-stage", "1"],
-        [*pipe, "--run-name", "rec-pp-sleep", "--slow-stage", "1", "--slow-kind", "sleep"],
-        [*pipe, "--run-name", "rec-pp-balanced"],
-    ]
-    for command in commands:
-        subprocess.run(command, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+    for run, args in RUNS.items():
+        head = ([torchrun, "--standalone"] if args[0] == "--nproc-per-node"
+                else [py, "examples/late_rank_gloo.py", *GLOO])
+        print(f"  recording {run} (load average {os.getloadavg()[0]:.1f})")
+        subprocess.run([*head, *args, "--store", str(store), "--run-name", run], cwd=REPO, env=env, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     (folder / "recorded").touch()
     return store
 
@@ -166,11 +218,11 @@ def main() -> int:
         held.append(_pair(store, "gloo-3ranks-late", "gloo-3ranks-even", "rank 2: on time"))
         if args.record is not None:
             recorded = _record(args.record)
-            held.append(_pair(recorded, "rec-late", "rec-even", "rank 2: on time"))
-            held.append(_pair(recorded, "rec-comm-1x", "rec-comm-2x", "communication_transfer*2"))
-            held.append(_pair(recorded, "rec-pp-sleep", "rec-pp-balanced", "rank 1: on time"))
-            print("  the 2-core contention case (stage 1 slowed by compute that the other ranks' CPU shares):")
-            held.append(_pair(recorded, "rec-pp-slow", "rec-pp-balanced", "rank 1: on time"))
+            print(f"  the model's pairs (load average {os.getloadavg()[0]:.1f}):")
+            held.extend(_pair(recorded, *pair) for pair in MODEL_PAIRS)
+            print(f"  the 2-core contention cases (three busy ranks on two cores; load average "
+                  f"{os.getloadavg()[0]:.1f}):")
+            held.extend(_pair(recorded, *pair) for pair in CONTENTION_PAIRS)
         else:
             print("  (no --record: the fresh gloo and pipeline pairs were not recorded; no balanced 3-stage 1F1B "
                   "sample is committed)")

@@ -9,6 +9,11 @@ matrix products), then all ranks all-reduce a tensor; ``--late-rank`` first slee
 ``--sleep-ms`` milliseconds, so the others wait about that long inside the all-reduce. With
 ``--sleep-ms 0`` the ranks stay together. ``sample_traces/gloo-3ranks-late`` and
 ``gloo-3ranks-even`` were recorded with this script.
+
+``--ranks 2 --late-rank 1 --device-ms 10`` is what benchmarks/bench_whatif.py records for its
+what-if pair: no more ranks than the machine's two cores, and every rank off the CPU for 10 ms a
+step, as a GPU rank's host waiting for its device is, so that the even run's ranks do not queue
+for cores that the late run's sleeping rank left free.
 """
 
 from __future__ import annotations
@@ -39,13 +44,20 @@ class LateRun:
     trace_dir: str | None = None
     comm_mb: float = 0.0
     """Megabytes of an extra buffer every rank all-reduces after the step's all-reduce (0: none):
-    a run whose step is mostly communication, to check ``communication_transfer*2`` against a
-    run with twice the megabytes (benchmarks/bench_whatif.py)."""
+    a run whose step is mostly communication, to check ``comm_volume*2`` against a run with twice
+    the megabytes (benchmarks/bench_whatif.py)."""
+    device_ms: float = 0.0
+    """Milliseconds every rank sleeps each step before its compute (0: none): the time a GPU rank's
+    host spends waiting for its device, which takes no CPU. With it the ranks are off the CPU most
+    of the step, as a GPU job's hosts are, so three ranks on a 2-core machine do not take each
+    other's cores the way three always-busy ranks do (benchmarks/bench_whatif.py)."""
 
 
 def step(weights: torch.Tensor, data: torch.Tensor, rank: int, cfg: LateRun, extra: torch.Tensor | None) -> None:
-    """A little compute, the late rank's sleep, then the all-reduce everyone waits in (and the
-    extra buffer's, when ``--comm-mb`` asks for one)."""
+    """The device's time (``--device-ms``), a little compute, the late rank's sleep, then the
+    all-reduce everyone waits in (and the extra buffer's, when ``--comm-mb`` asks for one)."""
+    if cfg.device_ms > 0:
+        time.sleep(cfg.device_ms / 1000)
     out = data
     for _ in range(4):
         out = torch.tanh(out @ weights)
@@ -91,9 +103,12 @@ def main() -> None:
     parser.add_argument("--trace-dir", default=None, help="also keep the exported Kineto JSON here")
     parser.add_argument("--comm-mb", type=float, default=0.0,
                         help="also all-reduce a buffer of this many megabytes every step")
+    parser.add_argument("--device-ms", type=float, default=0.0,
+                        help="every rank first sleeps this long each step (a GPU's time: no CPU taken)")
     args = parser.parse_args()
     cfg = LateRun(store=args.store, run=args.run_name, late_rank=args.late_rank, sleep_ms=args.sleep_ms,
-                  steps=args.steps, trace_dir=args.trace_dir, comm_mb=args.comm_mb)
+                  steps=args.steps, trace_dir=args.trace_dir, comm_mb=args.comm_mb,
+                  device_ms=args.device_ms)
     train(cfg, args.ranks)
     print(f"run {args.run_name!r} ({args.ranks} ranks) is in {Path(args.store)}")
 

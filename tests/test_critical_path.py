@@ -7,17 +7,18 @@ from __future__ import annotations
 import shutil
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from stepscope.analysis.critical_path import (Collective, Mark, RankStep, Segments, StepGraph, step_paths,
-                                              transfer_end)
-from stepscope.analysis.replay import _shrinks, parse_change, replay_step, what_if
+from stepscope.analysis.critical_path import (Collective, Mark, RankStep, RunGraph, Segments, StepGraph,
+                                              step_paths, transfer_end)
+from stepscope.analysis.replay import _shrinks, parse_change, replay, replay_step, volume_costs, what_if
 from stepscope.cli import main
-from stepscope.errors import StoreError, UsageError
+from stepscope.errors import Inconclusive, StoreError, UsageError
 from stepscope.store import open_store
 from stepscope.store.ingest import ingest_paths
 from tests._store_versions import as_older_version
@@ -155,6 +156,7 @@ def test_changes_parse() -> None:
     c = parse_change("rank 3,5: comm_transfer*0.5")
     assert c.ranks == frozenset({3, 5}) and c.factor == 0.5 and "communication_transfer" in c.parts
     assert parse_change("rank 7: on time").on_time
+    assert parse_change("comm_volume*2").volume and not parse_change("comm_transfer*2").volume
 
 
 def test_migrate_from_version_3_writes_the_edges(store: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -367,3 +369,37 @@ def test_on_time_shrinks_the_host_time_since_the_last_wait_that_held() -> None:
     # ranks end 4 ms after it
     predicted = replay_step(g, _AllCompute(), {}, [parse_change("rank 0: on time")])
     assert predicted == pytest.approx((5.08 + 1 + 4) * MS)
+
+
+def _all_reduces(sizes_mib: Sequence[int]) -> RunGraph:
+    """Two gloo ranks, one step: both arrive at each all-reduce together, 1 ms after the previous
+    one ended (host work), and it takes 1 ms plus 1 ms per MiB; the step ends 1 ms after the last."""
+    g = StepGraph(0, {r: RankStep(r, 0, 0) for r in (0, 1)}, defaultdict(list))
+    t = 1.0
+    for inst, mib in enumerate(sizes_mib):
+        end = t + 1 + mib
+        for rank in (0, 1):
+            c = Collective(rank, int(t * MS), int(end * MS), (0, -1), True, "all_reduce", inst, bytes=mib * 2**20)
+            g.ranks[rank].marks += [Mark("issue", c.ts, c.ts, c), Mark("wait", c.ts, c.end, c, c.end)]
+            g.instances[inst].append(c)
+        t = end + 1
+    for rs in g.ranks.values():
+        rs.end = int(t * MS)
+    return RunGraph({0: g}, {}, _AllCompute())
+
+
+def test_a_volume_change_grows_each_transfer_by_its_bytes_not_its_latency() -> None:
+    """1 MiB takes 2 ms and 4 MiB 5 ms: 1 ms of latency and 1 ms per MiB, fitted from the run.
+    Twice the volume adds 1 and 4 ms (the step: 1 + 3 + 1 + 9 + 1 = 15 ms), where twice the
+    transfer time doubles the latency too (1 + 4 + 1 + 10 + 1 = 17 ms)."""
+    rg = _all_reduces([1, 4])
+    assert volume_costs(rg.graphs.values()) == pytest.approx({"all_reduce": MS / 2**20})
+    assert replay(rg, "t", [parse_change("comm_volume*2")]).predicted_ns == pytest.approx(15 * MS)
+    assert replay(rg, "t", [parse_change("communication_transfer*2")]).predicted_ns == pytest.approx(17 * MS)
+    assert replay(rg, "t", []).unchanged_ns == pytest.approx(10 * MS)
+
+
+def test_a_volume_change_needs_two_message_sizes() -> None:
+    """One size gives no time per byte: the replay says so rather than predict the step unchanged."""
+    with pytest.raises(Inconclusive, match="all_reduce recorded with one message size"):
+        replay(_all_reduces([4, 4]), "t", [parse_change("comm_volume*2")])

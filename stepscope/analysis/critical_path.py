@@ -56,6 +56,8 @@ class Collective:
     issued: int | None = None
     """A point-to-point transfer's issue (aligned): when its rank arrived at it (a gloo transfer's
     annotation may start only after its op moved the data)."""
+    bytes: int | None = None
+    """The message's size as recorded (None: not recorded): what a volume change scales."""
 
     @property
     def arrival(self) -> int:
@@ -119,14 +121,14 @@ def _collectives(store: SQLStore, run: str) -> tuple[dict[KEY, Collective], dict
     (:func:`pair_p2p`), each rank's clock correction, and what point-to-point transfers stayed
     unpaired. A collective event without a start time (a hand-edited or cut trace: ingest keeps
     an event whose ``ts`` is missing) has no place on the graph and is left out of it."""
-    table = store.sql("SELECT rank, ts_ns, end_ns, stream, tid, host_side, collective, name FROM rank_collectives "
-                      "WHERE run = $run AND ts_ns IS NOT NULL AND end_ns IS NOT NULL", {"run": run})
+    table = store.sql("SELECT rank, ts_ns, end_ns, stream, tid, host_side, collective, name, bytes "
+                      "FROM rank_collectives WHERE run = $run AND ts_ns IS NOT NULL AND end_ns IS NOT NULL", {"run": run})
     out: dict[KEY, Collective] = {}
     # column by column, not a dict per row: a 64-rank run has ~130k collectives
-    for rank, ts, end, stream, tid, host_side, collective, name in zip(*_columns(table)):
+    for rank, ts, end, stream, tid, host_side, collective, name, size in zip(*_columns(table)):
         lane = (0, -1) if host_side else (1, -1 if stream is None else stream)
         out[_key(rank, ts, end, stream, tid)] = Collective(rank, ts, end, lane, bool(host_side),
-                                                           collective or name or "?")
+                                                           collective or name or "?", bytes=size)
     corrections: dict[int, int] = {}
     if out and ranks_with_collectives(store, run) >= 2:
         rows = collective_rows(store, run).select(["rank", "ts_ns", "end_ns", "stream", "tid", "clock_correction_ns",

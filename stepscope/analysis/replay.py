@@ -32,7 +32,13 @@ Changes (``--change`` of ``stepscope whatif``, :func:`parse_change`):
 - ``rank R: on time``: remove rank R's lateness: before each collective it arrived at after every
   other member, its host time since its previous wait that held it shrinks by how late it was;
 - ``copies hidden``: every exposed copy and memset part scaled to 0 (copies moved under compute);
-- ``no launch gaps``: the GPU's idle time scaled to 0 (the host always launched in time).
+- ``no launch gaps``: the GPU's idle time scaled to 0 (the host always launched in time);
+- ``comm_volume*F`` (or ``rank 3: comm_volume*F``): every collective's message ``F`` times as
+  large. A transfer's time is a latency plus its bytes over a bandwidth, so scaling its time
+  (``comm_transfer*F``) scales its latency too, which a small message is made of. Instead each
+  transfer grows by ``(F - 1) x bytes x`` the run's time per byte for that collective
+  (:func:`volume_costs`: fitted over the run's own message sizes; a collective recorded at one
+  size only cannot be fitted, and the replay says so).
 """
 
 from __future__ import annotations
@@ -40,13 +46,13 @@ from __future__ import annotations
 import re
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from stepscope.analysis.critical_path import (Collective, Mark, RankStep, RunGraph, Segments, StepGraph, Unpaired,
                                               binding_members, last_arrival, run_graph, transfer_end)
 from stepscope.analysis.sections import SQLStore
-from stepscope.errors import UsageError
+from stepscope.errors import Inconclusive, UsageError
 from stepscope.store.rankstats.parts import COMM_TRANSFER, COMMUNICATION_TRANSFER, GPU, HOST, IDLE
 
 _TRANSFERS = (COMM_TRANSFER.name, COMMUNICATION_TRANSFER.name)
@@ -54,17 +60,21 @@ _NAMES = {*(p.name for b in (GPU, HOST) for p in b.parts), *_TRANSFERS}
 """What a change can scale: the parts the replay cuts time into (each breakdown's parts, and the
 transfer of a collective after its last arrival)."""
 _COPIES = tuple(p.name for p in GPU.parts if p.name.startswith(("memcpy_", "memset_")))
+VOLUME = "comm_volume"
+"""The change's name for the collectives' message size (``comm_volume*2``: twice the bytes)."""
 
 
 @dataclass(frozen=True)
 class Change:
-    """One change: scale ``parts`` by ``factor`` on ``ranks`` (all when None), or ``on_time``."""
+    """One change: scale ``parts`` by ``factor`` on ``ranks`` (all when None), or ``on_time``; with
+    ``volume``, the transfers' bytes rather than their time (module docs)."""
 
     text: str
     parts: tuple[str, ...] = ()
     factor: float = 1.0
     ranks: frozenset[int] | None = None
     on_time: bool = False
+    volume: bool = False
 
 
 _RANKS = re.compile(r"^\s*rank\s+([\d,\s]+):\s*(.*)$", re.I)
@@ -90,9 +100,11 @@ def parse_change(text: str) -> Change:
         return Change(text, (IDLE.name,), 0.0, ranks)
     s = _SCALE.match(body)
     if not s:
-        raise UsageError(f"change {text!r}: expected PART*FACTOR, 'rank R: on time', 'copies hidden' or "
-                         "'no launch gaps'")
+        raise UsageError(f"change {text!r}: expected PART*FACTOR, {VOLUME}*FACTOR, 'rank R: on time', "
+                         "'copies hidden' or 'no launch gaps'")
     part = s.group(1).lower()
+    if part == VOLUME:
+        return Change(text, _TRANSFERS, float(s.group(2)), ranks, volume=True)
     if part not in _NAMES:
         raise UsageError(f"change {text!r}: {part!r} is not a part of the catalogue ({', '.join(sorted(_NAMES))})")
     parts = _TRANSFERS if part in _TRANSFERS else (part,)
@@ -105,10 +117,12 @@ class _Factors:
 
     changes: Sequence[Change]
 
-    def of(self, rank: int, part: str) -> float:
+    def of(self, rank: int, part: str, volume: bool = False) -> float:
+        """The time factor of ``part`` on ``rank``; with ``volume``, its bytes' factor."""
         f = 1.0
         for c in self.changes:
-            if not c.on_time and part in c.parts and (c.ranks is None or rank in c.ranks):
+            if (not c.on_time and c.volume == volume and part in c.parts
+                    and (c.ranks is None or rank in c.ranks)):
                 f *= c.factor
         return f
 
@@ -166,8 +180,38 @@ def _shrinks(g: StepGraph, rs: RankStep) -> dict[int, float]:
     return out
 
 
-def replay_step(g: StepGraph, seg: Segments, shift: dict[int, int], changes: Sequence[Change]) -> float:
-    """The replayed step of graph ``g`` (mean over ranks of replayed end - start, ns)."""
+def volume_costs(graphs: Iterable[StepGraph]) -> dict[str, float | None]:
+    """Each collective name's time per byte (ns) over ``graphs``: the least-squares slope of its
+    transfer time (after its last arrival; an unmatched one's whole time) against its bytes, over
+    the median transfer of each size recorded (clipped at 0: a larger message never took less).
+    None where the run recorded one size only (a latency and a bandwidth need two)."""
+    by: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for g in graphs:
+        for rs in g.ranks.values():
+            for m in rs.marks:
+                c = m.dep
+                if m.kind != "issue" or c is None or c.bytes is None:
+                    continue
+                last = last_arrival(g, c)
+                took = c.end - c.arrival if last is None else max(transfer_end(g, c) - last.arrival, 0)
+                by[c.name][c.bytes].append(took)
+    out: dict[str, float | None] = {}
+    for name, sizes in by.items():
+        points = [(float(b), float(statistics.median(v))) for b, v in sizes.items()]
+        if len(points) < 2:
+            out[name] = None
+            continue
+        mx = statistics.fmean(b for b, _ in points)
+        my = statistics.fmean(t for _, t in points)
+        slope = sum((b - mx) * (t - my) for b, t in points) / sum((b - mx) ** 2 for b, _ in points)
+        out[name] = max(slope, 0.0)
+    return out
+
+
+def replay_step(g: StepGraph, seg: Segments, shift: dict[int, int], changes: Sequence[Change],
+                per_byte: Mapping[str, float | None] | None = None) -> float:
+    """The replayed step of graph ``g`` (mean over ranks of replayed end - start, ns); ``per_byte``
+    (:func:`volume_costs`) when a change scales the volume."""
     f = _Factors(changes)
     states = {r: _RankState(rs, t=float(rs.start), at=rs.start) for r, rs in g.ranks.items()}
     for st in states.values():
@@ -186,16 +230,18 @@ def replay_step(g: StepGraph, seg: Segments, shift: dict[int, int], changes: Seq
         if id(c) in ends:
             return ends[id(c)]
         last = last_arrival(g, c)
-        tf = f.of(c.rank, COMMUNICATION_TRANSFER.name if c.host_side else COMM_TRANSFER.name)
+        part = COMMUNICATION_TRANSFER.name if c.host_side else COMM_TRANSFER.name
+        tf = f.of(c.rank, part)
+        grown = (f.of(c.rank, part, volume=True) - 1) * (c.bytes or 0) * ((per_byte or {}).get(c.name) or 0.0)
         a = arrive.get(id(c), float(c.arrival))
         if last is None:
-            value = a + (c.end - c.arrival) * tf
+            value = a + (c.end - c.arrival) * tf + grown
         else:
             members = binding_members(g, c)
             if not force and any(id(m) not in arrive for m in members):
                 return None
             latest = max(arrive.get(id(m), float(m.arrival)) for m in members)
-            value = latest + max(transfer_end(g, c) - last.arrival, 0) * tf
+            value = latest + max(transfer_end(g, c) - last.arrival, 0) * tf + grown
         ends[id(c)] = value
         return value
 
@@ -302,12 +348,13 @@ def what_if(store: SQLStore, run: str, changes: Sequence[str | Change] = (),
 def replay(rg: RunGraph, run: str, changes: Sequence[Change]) -> WhatIf:
     """Replay every step of ``rg`` unchanged and with ``changes`` (module docs)."""
     rg.segments.load(sorted({r for g in rg.graphs.values() for r in g.ranks}))
+    per_byte = _fitted(rg, changes)
     steps = []
     for s in sorted(rg.graphs):
         g = rg.graphs[s]
         measured = sum(r.end - r.start for r in g.ranks.values()) / len(g.ranks)
         steps.append(StepPrediction(s, measured, replay_step(g, rg.segments, rg.shift, ()),
-                                    replay_step(g, rg.segments, rg.shift, changes)))
+                                    replay_step(g, rg.segments, rg.shift, changes, per_byte)))
     n = len(steps)
     by: dict[str, float] = defaultdict(float)
     for p in steps:
@@ -317,6 +364,21 @@ def replay(rg: RunGraph, run: str, changes: Sequence[Change]) -> WhatIf:
         by["e"] += abs(p.unchanged_ns - p.measured_ns) / n
     return WhatIf(run, tuple(c.text for c in changes), tuple(steps), by["m"], by["u"], by["p"], by["e"],
                   heldout_error(steps), rg.unpaired)
+
+
+def _fitted(rg: RunGraph, changes: Sequence[Change]) -> dict[str, float | None] | None:
+    """The run's time per byte by collective when a change scales the volume (None when none
+    does); :class:`Inconclusive` when a collective that moved bytes cannot be fitted: its
+    prediction would keep its time unchanged without saying so."""
+    if not any(c.volume for c in changes):
+        return None
+    costs = volume_costs(rg.graphs.values())
+    unfit = sorted(name for name, slope in costs.items() if slope is None)
+    if unfit or not costs:
+        raise Inconclusive(f"{VOLUME}: {', '.join(unfit) or 'no collective'} recorded with one message size only "
+                           "(or none): a time per byte needs two sizes; scale the time instead "
+                           f"({COMMUNICATION_TRANSFER.name}*F)")
+    return costs
 
 
 def heldout_error(steps: Sequence[StepPrediction]) -> float | None:

@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", help="run name or id (default: the store's only run)")
     parser.add_argument("--rank", type=int, action="append", metavar="R", help="only this rank (repeat for several)")
     parser.add_argument("--change", action="append", default=[], metavar="CHANGE",
-                        help="PART*FACTOR, 'rank R: PART*FACTOR', 'rank R: on time', 'copies hidden', "
+                        help="PART*FACTOR, 'rank R: PART*FACTOR', 'comm_volume*FACTOR', 'rank R: on time', 'copies hidden', "
                              "'no launch gaps' (repeat for several)")
     parser.add_argument("--format", choices=("table", "json"), default="table")
 
