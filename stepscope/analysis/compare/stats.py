@@ -165,7 +165,7 @@ class Preemption:
 
 def preemption(cpu: Sequence[float], wall: Sequence[float], switches: Sequence[float]) -> Preemption:
     """How much a run's median step CPU time may be too high, judged step by step: a step that no
-    other process preempted ran alone on its core, so load did not inflate its CPU time; a
+    other thread or process preempted ran alone on its core, so load did not inflate its CPU time; a
     preempted step's may be up to :func:`inflation_at` its own wall over CPU time (the run-level
     rule of :class:`Load`, applied to the steps it holds for). The run's true median lies between
     the median of its steps so deflated and its measured median (a median never moves against its
