@@ -283,3 +283,41 @@ def test_the_load_inflation_grows_with_the_most_loaded_run() -> None:
     busy_base = Load((1.0, 3.0), (1.25,))  # each side is bounded by its own most loaded run
     assert busy_base.baseline_inflation == LOAD_INFLATION
     assert busy_base.candidate_inflation == pytest.approx(LOAD_INFLATION / 2)
+
+
+def test_a_runs_preemptions_are_read_beside_its_cpu_time_and_older_parts_lack_them(tmp_path: Path) -> None:
+    """A run whose ``step_times`` hold ``preemptions`` gives them with its CPU step times, in the
+    same order; a part written before the column existed gives none (the gate judges that run on
+    its load), and both still compare."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stepscope.analysis.compare.comparison import compare_sides
+    from stepscope.analysis.compare.metrics import step_samples
+    from stepscope.store import open_store
+    from stepscope.store.constants import file_metadata
+    from stepscope.store.ingest import ingest_paths
+    from stepscope.store.schema import STEP_TIMES
+    from stepscope.store.writer import part_path, write_partition
+
+    root, ms = tmp_path / "store", 1_000_000
+    for run in ("new", "old"):
+        assert ingest_paths([SAMPLE], root, run).ok
+    sources = {r["run"]: r["source"] for r in open_store(root).sql("SELECT run, source FROM sources").to_pylist()}
+    columns = {"step": [0, 1, 2], "start_ns": [0, 10 * ms, 20 * ms], "wall_ns": [10 * ms, 12 * ms, 30 * ms],
+               "cpu_ns": [4 * ms, 5 * ms, 6 * ms], "gpu_ns": [None] * 3, "profiled": [False] * 3,
+               "tokens": [None] * 3, "samples": [None] * 3}
+    new = pa.table({**columns, "source": [sources["new"]] * 3, "preemptions": [0, 2, 1], "disturbed_by": [None] * 3})
+    write_partition(root, "step_times", "new", 0, sources["new"], new.select([f.name for f in STEP_TIMES]).cast(STEP_TIMES))
+    old = part_path(root, "step_times", "old", 0, sources["old"])
+    old.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({**columns, "source": [sources["old"]] * 3})
+                   .replace_schema_metadata(file_metadata("step_times")), old)
+
+    store = open_store(root)
+    fresh, older = (step_samples(store, run, "step_times.cpu_ns") for run in ("new", "old"))
+    assert fresh["step_time"] == [4 * ms, 5 * ms, 6 * ms] and fresh["preemptions"] == [0, 2, 1]
+    assert isinstance(older["preemptions"], Absent) and older["step_time"] == fresh["step_time"]
+    step = compare_sides([(store, "old")], [(store, "new")]).metric("step_time")
+    assert step.load is not None and step.load.baseline_preemption == (None,)
+    assert [p.preempted for p in step.load.candidate_preemption if p is not None] == [2]
