@@ -243,7 +243,7 @@ def cli_part(condition: str, pairs: int, steps: int, cand_runs: int, batches: di
                 unchanged_deltas.append(f"{step.delta_pct:+.0f}%{'L' if loaded else ''}"
                                         f"{'!' if result.status == 'regression' else '?' if result.status == 'inconclusive' else ''}")
             if result.status != "pass":
-                reasons[f"{kind} {result.status}: {result.reasons[0][:200]}"] += 1
+                reasons[f"{kind} {result.status}: {result.reasons[0][:600]}"] += 1
             old = _before(_walls(base[-1]), _walls(gathered[cands[0]]))
             counts.setdefault(f"before:{kind}", Counter())[old] += 1
         baseline = (baseline + sides["unchanged"])[-BASELINE_RUNS:]
