@@ -308,7 +308,8 @@ def test_a_runs_preemptions_are_read_beside_its_cpu_time_and_older_parts_lack_th
                "cpu_ns": [4 * ms, 5 * ms, 6 * ms], "gpu_ns": [None] * 3, "profiled": [False] * 3,
                "tokens": [None] * 3, "samples": [None] * 3}
     new = pa.table({**columns, "source": [sources["new"]] * 3, "preemptions": [0, 2, 1], "disturbed_by": [None] * 3})
-    write_partition(root, "step_times", "new", 0, sources["new"], new.select([f.name for f in STEP_TIMES]).cast(STEP_TIMES))
+    write_partition(root, "step_times", "new", 0, sources["new"],
+                    new.select([f.name for f in STEP_TIMES]).cast(STEP_TIMES))
     old = part_path(root, "step_times", "old", 0, sources["old"])
     old.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({**columns, "source": [sources["old"]] * 3})

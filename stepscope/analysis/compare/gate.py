@@ -11,7 +11,8 @@ measured when a side has two runs or more, else assumed, and said so); for a ste
 time each side's load may have inflated its value by a factor up to ``1 + f_c`` (the candidate)
 or ``1 + f_b`` (the baseline) (:class:`~stepscope.analysis.compare.stats.Load`: CPU time grows,
 never shrinks, when other processes take the core; where a run counted its steps' preemptions,
-only its preempted steps are allowed that growth, :func:`~stepscope.analysis.compare.stats.preemption`). So the candidate's value, in the baseline's
+only its preempted steps are allowed that growth,
+:func:`~stepscope.analysis.compare.stats.preemption`). So the candidate's value, in the baseline's
 terms, is known only to lie between ``(c - M) / (1 + f_c)`` and ``(c + M) * (1 + f_b)``: its
 change from the baseline lies between a **lower** and an **upper bound**. The size the gate guards against is
 ``G``: the budget's threshold, at least the metric's absolute floor

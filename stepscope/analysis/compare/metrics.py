@@ -178,8 +178,8 @@ def _threads(metadata: list[str | None]) -> int | None:
 
 def _step_times(store: SQLStore, run: str) -> dict[str, list[float | None]]:
     """Every training step the collector timed: column -> values (nulls kept), per
-    :data:`STEP_MEASURES` and :data:`PREEMPTIONS`; a column that the run's files lack (written before it existed) is all
-    null. Empty lists when it timed none."""
+    :data:`STEP_MEASURES` and :data:`PREEMPTIONS`; a column that the run's files lack (written
+    before it existed) is all null. Empty lists when it timed none."""
     table = store.sql("SELECT * FROM step_times WHERE run = $run ORDER BY rank, step", {"run": run})
     return {column: ([None] * table.num_rows if column not in table.column_names
                      else [None if v is None else float(v) for v in table.column(column).to_pylist()])
@@ -210,9 +210,10 @@ def step_samples(store: SQLStore, run: str, source: str) -> dict[str, Maybe[list
     """Per-step values of the step time, the wall time and each step part.
 
     The step time is ``source`` (:func:`step_source`): a ``step_times`` column (every training
-    step of the run; with the CPU time, each step's :data:`PREEMPTIONS` too) or the step windows of :func:`~stepscope.analysis.breakdown.step_windows`
-    (the profiled steps only). The wall time is ``step_times.wall_ns`` when the step time comes
-    from ``step_times``, else the windows too. The parts always come from the profiled steps'
+    step of the run; with the CPU time, each step's :data:`PREEMPTIONS` too) or the step windows
+    of :func:`~stepscope.analysis.breakdown.step_windows` (the profiled steps only). The wall
+    time is ``step_times.wall_ns`` when the step time comes from ``step_times``, else the windows
+    too. The parts always come from the profiled steps'
     breakdowns: the GPU's (:func:`~stepscope.analysis.breakdown.step_breakdown`) and the host's
     (:func:`~stepscope.analysis.breakdown.host_breakdown`).
     """

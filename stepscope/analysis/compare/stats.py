@@ -165,8 +165,8 @@ class Preemption:
 
 def preemption(cpu: Sequence[float], wall: Sequence[float], switches: Sequence[float]) -> Preemption:
     """How much a run's median step CPU time may be too high, judged step by step: a step that no
-    other thread or process preempted ran alone on its core, so load did not inflate its CPU time; a
-    preempted step's may be up to :func:`inflation_at` its own wall over CPU time (the run-level
+    other thread or process preempted ran alone on its core, so load did not inflate its CPU
+    time; a preempted step's may be up to :func:`inflation_at` its own wall over CPU time (the run-level
     rule of :class:`Load`, applied to the steps it holds for). The run's true median lies between
     the median of its steps so deflated and its measured median (a median never moves against its
     values), so the inflation is their ratio less one: 0 when no step was preempted, the run-level
@@ -220,12 +220,14 @@ class Load:
 
     @property
     def baseline_inflation(self) -> float:
-        """How much the baseline's CPU time may be too high: its most inflated run's (:func:`run_inflations`)."""
+        """How much the baseline's CPU time may be too high: its most inflated run's
+        (:func:`run_inflations`)."""
         return max(run_inflations(self.baseline, self.baseline_preemption))
 
     @property
     def candidate_inflation(self) -> float:
-        """How much the candidate's CPU time may be too high: its most inflated run's (:func:`run_inflations`)."""
+        """How much the candidate's CPU time may be too high: its most inflated run's
+        (:func:`run_inflations`)."""
         return max(run_inflations(self.candidate, self.candidate_preemption))
 
     @property
