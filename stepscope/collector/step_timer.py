@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import time
 from array import array
-from typing import Callable
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
