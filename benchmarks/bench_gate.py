@@ -31,8 +31,10 @@ time, one baseline run against one candidate run, Mann-Whitney U over the steps 
 
 The plugin part writes the four-test project, saves its baseline (three runs of each test), then
 runs ``--sessions`` plain pytest sessions per kind (unchanged, every test 1.3x, every test 4x),
-each judging the four tests (re-running grey ones, as the plugin does); a test counts as caught
-when it fails on ``regression``, inconclusive when it fails on ``inconclusive``.
+each judging the four tests (re-running grey ones, as the plugin does); each test counts as the
+verdict the plugin recorded for it (its ``stepscope`` property in ``--junitxml``), ``other`` when
+it recorded none (a skip, an error), never as a pass by default. Every outcome off target
+(unchanged not ok, a slowdown not caught) is printed with its message.
 
 The machine is shared with other work (other jobs' load comes and goes; the load average is
 sampled at every pair and printed): the "quiet" condition is only free of this benchmark's own
@@ -241,7 +243,7 @@ def cli_part(condition: str, pairs: int, steps: int, cand_runs: int, batches: di
                 unchanged_deltas.append(f"{step.delta_pct:+.0f}%{'L' if loaded else ''}"
                                         f"{'!' if result.status == 'regression' else '?' if result.status == 'inconclusive' else ''}")
             if result.status != "pass":
-                reasons[f"{kind} {result.status}: {result.reasons[0][:200]}"] += 1
+                reasons[f"{kind} {result.status}: {result.reasons[0][:600]}"] += 1
             old = _before(_walls(base[-1]), _walls(gathered[cands[0]]))
             counts.setdefault(f"before:{kind}", Counter())[old] += 1
         baseline = (baseline + sides["unchanged"])[-BASELINE_RUNS:]
@@ -298,10 +300,31 @@ def _pytest(project: Path, batches: dict[str, int], *args: str, kind: str = "unc
     return done.stdout + done.stderr
 
 
+def _judged(junit: Path) -> list[tuple[str, str, str]]:
+    """(test, outcome, message) per test case of a ``--junitxml`` file: the outcome is the
+    plugin's verdict (its ``stepscope`` property: ``pass``, ``regression``, ``inconclusive``), or
+    ``other`` for a test that it did not judge (skipped, an error); the message is the step-time
+    budget's, or pytest's own for ``other``."""
+    import xml.etree.ElementTree as ET
+
+    out = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        if "stepscope" in props:
+            verdict = json.loads(props["stepscope"] or "{}")
+            budgets = verdict["budgets"]
+            out.append((case.get("name", "?"), verdict["status"],
+                        f"{verdict['runs']} run(s): {budgets[0] if budgets else ''}"))
+        else:
+            trouble = next(iter([*case.iter("skipped"), *case.iter("error"), *case.iter("failure")]), None)
+            out.append((case.get("name", "?"), "other", "" if trouble is None else trouble.get("message", "")))
+    return out
+
+
 def plugin_part(condition: str, sessions: int, steps: int, batches: dict[str, int], root: Path,
                 load: LoadSamples) -> dict[str, Counter[str]]:
     """Save the project's baseline, then judge ``sessions`` sessions of each kind: outcome counts
-    per kind (one per test)."""
+    per kind (one per test); the message of every outcome that misses a target is printed."""
     project = root / f"plugin-{condition}"
     project.mkdir()
     (project / "test_perf.py").write_text(textwrap.dedent(PROJECT.format(inp=IN, hidden=HIDDEN, batch=BATCH,
@@ -311,17 +334,19 @@ def plugin_part(condition: str, sessions: int, steps: int, batches: dict[str, in
     if "4 passed" not in out:
         raise SystemExit(f"saving the plugin project's baseline failed:\n{out}")
     counts: dict[str, Counter[str]] = {}
-    for _ in range(sessions):
+    missed: list[str] = []
+    for session in range(sessions):
         for kind in FACTORS:
             load.sample()
-            out = _pytest(project, batches, kind=kind)
-            found: Counter[str] = Counter()
-            for line in out.splitlines():
-                if line.startswith("FAILED "):
-                    found["regression" if "stepscope: regression" in line else
-                          "inconclusive" if "stepscope: inconclusive" in line else "error"] += 1
-            found["pass"] = TESTS_PER_SESSION - sum(found.values())
-            counts.setdefault(kind, Counter()).update(found)
+            junit = project / f"judged-{session}-{kind}.xml"
+            _pytest(project, batches, f"--junitxml={junit}", kind=kind)
+            judged = _judged(junit) if junit.exists() else [("session", "other", "no --junitxml written")]
+            counts.setdefault(kind, Counter()).update(outcome for _, outcome, _ in judged)
+            missed += [f"{kind} {outcome} {test}: {message[:300]}" for test, outcome, message in judged
+                       if outcome != ("pass" if kind == "unchanged" else "regression")]
+    print(f"\n{condition}: plugin outcomes off target ({len(missed)}):")
+    for line in missed:
+        print(f"  {line}")
     return counts
 
 

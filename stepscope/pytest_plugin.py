@@ -18,6 +18,9 @@ the test when they break a budget against a baseline, like pytest-memray's ``lim
   them after the test's run) instead of judging: the spread between them is the run-to-run noise a
   change must exceed. A test whose profile recorded nothing fails, and so does a session that
   saved no run at all.
+- Every judged test carries its verdict in ``user_properties`` (``stepscope``: JSON with the
+  status, the runs judged and each budget's message), so a pass says how close it was too
+  (``--junitxml`` writes it).
 - When a judged change is in the grey zone (within the noise of its budget), the test body runs
   again, up to ``reruns`` more times (default 2, ``--stepscope-reruns``), and the candidate's runs
   are judged together, as benchmark harnesses re-run a close result; still grey: the test fails
@@ -38,6 +41,7 @@ run pytest with the plugin installed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,6 +269,9 @@ def _judge(item: pytest.Item, gate: _Gate) -> None:
         if verdict.status != "inconclusive" or not grey or len(gate.runs) > reruns:
             break
         _repeat(item, gate)
+    item.user_properties.append(("stepscope", json.dumps(
+        {"status": verdict.status, "runs": len(gate.runs),
+         "budgets": [r.message for r in verdict.results if r.status != "not_available"]})))
     if verdict.status != "pass":
         again = f" after {len(gate.runs)} runs" if len(gate.runs) > 1 else ""
         pytest.fail(f"stepscope: {verdict.status}{again}\n" + render_text(comparison, verdict), pytrace=False)

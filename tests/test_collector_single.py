@@ -155,6 +155,36 @@ def test_step_timer_without_cuda() -> None:
     assert rows[1]["start_ns"] >= rows[0]["start_ns"] + rows[0]["wall_ns"]
 
 
+def test_step_timer_counts_each_steps_preemptions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each step stores the involuntary switches between its boundaries (not the running total),
+    and null where the platform cannot count them per thread."""
+    from stepscope.collector import step_timer
+
+    counts = iter([5, 5, 7, 10])
+    monkeypatch.setattr(step_timer, "_thread_switches", lambda: lambda: next(counts))
+    timer = StepTimer(use_cuda=False)
+    timer.begin()
+    for step in range(3):
+        timer.end_step(step, profiled=False)
+    assert [r["preemptions"] for r in timer.snapshot().table("s").to_pylist()] == [0, 2, 3]
+
+    monkeypatch.setattr(step_timer, "_thread_switches", lambda: None)
+    timer = StepTimer(use_cuda=False)
+    timer.begin()
+    timer.end_step(0, profiled=False)
+    assert [r["preemptions"] for r in timer.snapshot().table("s").to_pylist()] == [None]
+
+
+def test_step_timer_reads_this_threads_switches_on_linux() -> None:
+    """On Linux the reader is the calling thread's own count: it never decreases."""
+    from stepscope.collector.step_timer import _thread_switches
+
+    if sys.platform != "linux":
+        pytest.skip("per-thread resource usage is Linux-only")
+    read = _thread_switches()
+    assert read is not None and 0 <= read() <= read()
+
+
 class _Trap:
     """Unpickling this with plain ``pickle`` calls ``_sprung``: what a hostile file would do."""
 

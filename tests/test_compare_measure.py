@@ -167,8 +167,11 @@ def test_a_loaded_run_is_judged_within_what_load_can_do_to_cpu_time() -> None:
     load cannot have hidden a slowdown."""
     status, reasons, noise = _judge([_loaded_run(f"c{i}", 12.5, 12.5) for i in range(3)])
     assert status == "regression" and noise["margin"] == pytest.approx(0.4e6)
+    unrecorded = [None, None, None]  # hand-made runs without step_times.preemptions: judged on their load
     assert noise["load"] == {"baseline": [1.0, 1.0, 1.0], "candidate": [1.0, 1.0, 1.0], "worst": 1.0,
-                             "inflation": 0.0, "baseline_inflation": 0.0, "candidate_inflation": 0.0}
+                             "inflation": 0.0, "baseline_inflation": 0.0, "candidate_inflation": 0.0,
+                             "by_preemption": False, "baseline_preemption": unrecorded,
+                             "candidate_preemption": unrecorded}
     assert "the change lies between +18.6% and +26.5%" in reasons[0]
     assert _judge([_loaded_run(f"c{i}", 10.3, 10.3) for i in range(3)])[0] == "pass"
 
@@ -182,6 +185,72 @@ def test_a_loaded_run_is_judged_within_what_load_can_do_to_cpu_time() -> None:
 
     assert _judge([_loaded_run(f"c{i}", 40.8, 81.6) for i in range(3)])[0] == "regression"  # 4x, loaded
     assert _judge([_loaded_run(f"c{i}", 10.2 * 1.86, 40.0) for i in range(3)])[0] == "inconclusive"
+
+
+def _preempted_run(run: str, cpu_ms: list[float], wall_ms: list[float], switches: list[int]) -> RunProfile:
+    """A hand-made CPU run that recorded each step's preemptions: step i used ``cpu_ms[i]`` of
+    CPU time, took ``wall_ms[i]`` and lost its core ``switches[i]`` times."""
+    profile = _cpu_run(run, 0.0, MLP)
+    profile.samples.update({"step_time": [v * 1e6 for v in cpu_ms], "wall_time": [v * 1e6 for v in wall_ms],
+                            "preemptions": [float(n) for n in switches]})
+    return profile
+
+
+def test_a_runs_inflation_is_allowed_on_its_preempted_steps_only() -> None:
+    """Five steps of 10 ms CPU time in 20 ms wall time: if no step lost its core, the thread
+    waited of its own accord (the GIL, a lock) and its CPU time is its code's: no inflation.
+    Every step preempted that long: the run-level 90 %. Two of five (the two largest values):
+    the deflated values 10, 10, 10, 11/1.9, 12/1.9 have the median 10: none either. The last three
+    (the median's among them): 10, 10, 10/1.9, 11/1.9, 12/1.9 have the median 12/1.9: 10 / (12/1.9)
+    - 1 = 58 %. Preempted briefly (10.5 ms wall, load
+    1.05): 9 % (inflation_at(1.05) = 0.9 * 0.05 / 0.5)."""
+    from stepscope.analysis.compare.stats import LOAD_INFLATION, preemption
+
+    cpu, wall = [10.0] * 5, [20.0] * 5
+    assert preemption(cpu, wall, [0] * 5).inflation == 0.0
+    assert preemption(cpu, wall, [1, 3, 1, 2, 1]).inflation == pytest.approx(LOAD_INFLATION)
+    assert preemption(cpu, wall, [1, 3, 1, 2, 1]).preempted == 5
+    tail = [10.0, 10.0, 10.0, 11.0, 12.0]
+    assert preemption(tail, [20.0] * 5, [0, 0, 0, 1, 1]).inflation == 0.0
+    assert preemption(tail, [20.0] * 5, [0, 0, 1, 1, 1]).inflation == pytest.approx(10 / (12 / 1.9) - 1)
+    assert preemption(cpu, [10.5] * 5, [1] * 5).inflation == pytest.approx(0.09)
+
+
+def test_a_candidate_that_waited_without_being_preempted_is_judged_unloaded() -> None:
+    """The candidate of test_a_loaded_run_is_judged_within_what_load_can_do_to_cpu_time (12.5 ms
+    of CPU time in 25 ms of wall time, +22.5 %): on its load alone, inconclusive; with steps that
+    no other process preempted (its waits were its own), the regression its CPU time shows. With
+    every step preempted, inconclusive as before: the preempted steps keep the load's allowance.
+    A 4x candidate preempted on every step is still a regression."""
+    waited = [_preempted_run(f"c{i}", [12.5] * 5, [25.0] * 5, [0] * 5) for i in range(3)]
+    status, reasons, noise = _judge(waited)
+    assert status == "regression", reasons
+    assert noise["load"]["candidate_inflation"] == 0 and noise["load"]["by_preemption"] is False  # BASE: no counts
+    assert noise["load"]["candidate_preemption"] == [{"steps": 5, "preempted": 0, "inflation": 0.0}] * 3
+
+    preempted = [_preempted_run(f"c{i}", [12.5] * 5, [25.0] * 5, [2] * 5) for i in range(3)]
+    status, reasons, noise = _judge(preempted)
+    assert status == "inconclusive" and noise["load"]["candidate_inflation"] == pytest.approx(0.9), reasons
+    assert "allowed on the preempted steps only (15 of the candidate's 15 steps were preempted)" in reasons[0]
+    assert _judge([_preempted_run(f"c{i}", [40.8] * 5, [81.6] * 5, [4] * 5) for i in range(3)])[0] == "regression"
+
+
+def test_a_loaded_baseline_that_counted_no_preemption_allows_no_inflation() -> None:
+    """:data:`BUSY_BASE`'s values (13.26 ms, steps 3x their CPU time in wall time) against a quiet
+    13.4 ms: with every step preempted, the baseline's code may be as fast as 13.26 / 1.9 ms, so
+    the change may be +92 %: inconclusive, as for BUSY_BASE itself. With no step preempted (its
+    waits were its own) its CPU time is its code's: +1 %, at most (13.4 + 0.52) / 13.26 = +5 %: a
+    pass."""
+    cand = [_loaded_run(f"c{i}", 13.4, 13.4) for i in range(3)]
+
+    def base(switches: int) -> list[RunProfile]:
+        return [_preempted_run(f"b{i}", [v] * 5, [3 * v] * 5, [switches] * 5)
+                for i, v in enumerate((13.0, 13.26, 13.52))]
+
+    status, reasons, noise = _judge(cand, base(1))
+    assert status == "inconclusive" and noise["load"]["baseline_inflation"] == pytest.approx(0.9), reasons
+    status, reasons, noise = _judge(cand, base(0))
+    assert status == "pass" and noise["load"]["baseline_inflation"] == 0, reasons
 
 
 BUSY_BASE = [_loaded_run("b1", 13.0, 39.0), _loaded_run("b2", 13.26, 39.78), _loaded_run("b3", 13.52, 40.56)]
@@ -214,3 +283,42 @@ def test_the_load_inflation_grows_with_the_most_loaded_run() -> None:
     busy_base = Load((1.0, 3.0), (1.25,))  # each side is bounded by its own most loaded run
     assert busy_base.baseline_inflation == LOAD_INFLATION
     assert busy_base.candidate_inflation == pytest.approx(LOAD_INFLATION / 2)
+
+
+def test_a_runs_preemptions_are_read_beside_its_cpu_time_and_older_parts_lack_them(tmp_path: Path) -> None:
+    """A run whose ``step_times`` hold ``preemptions`` gives them with its CPU step times, in the
+    same order; a part written before the column existed gives none (the gate judges that run on
+    its load), and both still compare."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stepscope.analysis.compare.comparison import compare_sides
+    from stepscope.analysis.compare.metrics import step_samples
+    from stepscope.store import open_store
+    from stepscope.store.constants import file_metadata
+    from stepscope.store.ingest import ingest_paths
+    from stepscope.store.schema import STEP_TIMES
+    from stepscope.store.writer import part_path, write_partition
+
+    root, ms = tmp_path / "store", 1_000_000
+    for run in ("new", "old"):
+        assert ingest_paths([SAMPLE], root, run).ok
+    sources = {r["run"]: r["source"] for r in open_store(root).sql("SELECT run, source FROM sources").to_pylist()}
+    columns = {"step": [0, 1, 2], "start_ns": [0, 10 * ms, 20 * ms], "wall_ns": [10 * ms, 12 * ms, 30 * ms],
+               "cpu_ns": [4 * ms, 5 * ms, 6 * ms], "gpu_ns": [None] * 3, "profiled": [False] * 3,
+               "tokens": [None] * 3, "samples": [None] * 3}
+    new = pa.table({**columns, "source": [sources["new"]] * 3, "preemptions": [0, 2, 1], "disturbed_by": [None] * 3})
+    write_partition(root, "step_times", "new", 0, sources["new"],
+                    new.select([f.name for f in STEP_TIMES]).cast(STEP_TIMES))
+    old = part_path(root, "step_times", "old", 0, sources["old"])
+    old.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({**columns, "source": [sources["old"]] * 3})
+                   .replace_schema_metadata(file_metadata("step_times")), old)
+
+    store = open_store(root)
+    fresh, older = (step_samples(store, run, "step_times.cpu_ns") for run in ("new", "old"))
+    assert fresh["step_time"] == [4 * ms, 5 * ms, 6 * ms] and fresh["preemptions"] == [0, 2, 1]
+    assert isinstance(older["preemptions"], Absent) and older["step_time"] == fresh["step_time"]
+    step = compare_sides([(store, "old")], [(store, "new")]).metric("step_time")
+    assert step.load is not None and step.load.baseline_preemption == (None,)
+    assert [p.preempted for p in step.load.candidate_preemption if p is not None] == [2]

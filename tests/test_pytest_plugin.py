@@ -6,6 +6,8 @@ replaces the defaults; a result in the grey zone re-runs the test, bounded."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,6 +146,14 @@ def test_a(stepscope_profile):
 '''
 
 
+def _stepscope_property(junit: Path) -> dict[str, Any]:
+    """The one test case's ``stepscope`` property in a ``--junitxml`` file, parsed."""
+    import xml.etree.ElementTree as ET
+
+    (prop,) = [p for p in ET.parse(junit).getroot().iter("property") if p.get("name") == "stepscope"]
+    return json.loads(prop.get("value") or "")
+
+
 @pytest.mark.slow
 def test_a_grey_result_reruns_the_test_bounded(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     _need_torch()
@@ -153,8 +163,10 @@ def test_a_grey_result_reruns_the_test_bounded(pytester: pytest.Pytester, monkey
     assert (pytester.path / "ran-a").read_text().count("body ran") == 1  # baseline_runs=1
     pytester.makeconftest(GREY_CONFTEST)
     monkeypatch.setenv("GREY_UNTIL", "3")
-    pytester.runpytest_subprocess(*args).assert_outcomes(passed=1)
+    pytester.runpytest_subprocess(*args, "--junitxml=judged.xml").assert_outcomes(passed=1)
     assert sorted(set((pytester.path / "judged-with").read_text().split())) == ["1", "2", "3"]
+    verdict = _stepscope_property(pytester.path / "judged.xml")  # a pass carries its verdict too
+    assert verdict["status"] == "pass" and verdict["runs"] == 3 and verdict["budgets"]
     assert (pytester.path / "ran-a").read_text().count("body ran") == 1 + 3  # the body ran thrice
     monkeypatch.setenv("GREY_UNTIL", "99")  # never decided: the reruns are bounded
     result = pytester.runpytest_subprocess(*args, "--stepscope-reruns", "1")

@@ -10,7 +10,10 @@ device during training.
 Beside the wall time it reads the CPU time of the thread that calls ``step()`` (the training
 thread; ``time.thread_time_ns``, ``CLOCK_THREAD_CPUTIME_ID``): on a machine shared with other
 processes a step's wall time includes the time the thread waited for a core, its CPU time does
-not, so the CI gate judges CPU runs on it (docs/ci.md says why).
+not, so the CI gate judges CPU runs on it (docs/ci.md says why). It also counts the thread's
+involuntary context switches per step (``getrusage(RUSAGE_THREAD).ru_nivcsw``, Linux): a step that
+no other process preempted has a CPU time that load did not inflate, so the gate needs to allow
+for load only on the steps that were preempted (:func:`stepscope.analysis.compare.stats.preemption`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import time
 from array import array
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -27,6 +31,19 @@ from stepscope.store.schema import STEP_TIMES
 
 _MISSING = -1
 """Internal placeholder in the typed arrays; becomes null in the table (never stored)."""
+
+def _thread_switches() -> Callable[[], int] | None:
+    """A reader of the calling thread's involuntary context switches so far, or None where the
+    platform has no per-thread resource usage (``resource`` is Unix-only, ``RUSAGE_THREAD``
+    Linux-only): the column is then null, and the gate falls back on the wall-over-CPU load."""
+    try:
+        import resource
+
+        who = resource.RUSAGE_THREAD
+    except (ImportError, AttributeError):
+        return None
+    return lambda: resource.getrusage(who).ru_nivcsw
+
 
 DISTURBANCES = ("profiler", "exchange", "writer", "conversion")
 """Values of ``step_times.disturbed_by``: what the collector itself did during a step that may
@@ -45,6 +62,7 @@ class StepTimer:
         self._start = array("q")
         self._wall = array("q")
         self._cpu = array("q")
+        self._switches = array("q")
         self._gpu = array("q")
         self._profiled = array("b")
         self._tokens = array("q")
@@ -52,6 +70,8 @@ class StepTimer:
         self._disturbed = array("b")
         self._t0: int | None = None
         self._cpu0 = 0
+        self._read_switches = _thread_switches()
+        self._switches0 = 0
         self._event: torch.cuda.Event | None = None
         self._pending: deque[tuple[int, torch.cuda.Event, torch.cuda.Event]] = deque()
 
@@ -59,6 +79,7 @@ class StepTimer:
         """Start timing the first step (called when profiling starts)."""
         self._t0 = time.perf_counter_ns()
         self._cpu0 = time.thread_time_ns()
+        self._switches0 = self._switches_now()
         if self.use_cuda:
             self._event = self._record_event()
 
@@ -68,24 +89,30 @@ class StepTimer:
         ``DISTURBANCES``, or None)."""
         now = time.perf_counter_ns()
         cpu = time.thread_time_ns()
+        switches = self._switches_now()
         if self._t0 is None:
-            self._t0, self._cpu0 = now, cpu
+            self._t0, self._cpu0, self._switches0 = now, cpu, switches
             return
         self._step.append(step)
         self._start.append(self._epoch_offset + self._t0)
         self._wall.append(now - self._t0)
         self._cpu.append(cpu - self._cpu0)
+        self._switches.append(_MISSING if switches == _MISSING else switches - self._switches0)
         self._gpu.append(_MISSING)
         self._profiled.append(1 if profiled else 0)
         self._tokens.append(_MISSING if tokens is None else int(tokens))
         self._samples.append(_MISSING if samples is None else int(samples))
         self._disturbed.append(0 if disturbed_by is None else DISTURBANCES.index(disturbed_by) + 1)
-        self._t0, self._cpu0 = now, cpu
+        self._t0, self._cpu0, self._switches0 = now, cpu, switches
         if self.use_cuda and self._event is not None:
             end = self._record_event()
             self._pending.append((len(self._step) - 1, self._event, end))
             self._event = end
             self._resolve(block=False)
+
+    def _switches_now(self) -> int:
+        """The training thread's involuntary context switches so far (``_MISSING`` where unknown)."""
+        return _MISSING if self._read_switches is None else self._read_switches()
 
     def __len__(self) -> int:
         return len(self._step)
@@ -103,7 +130,7 @@ class StepTimer:
         """
         self._resolve(block=wait_for_gpu)
         return StepRows(*(array(a.typecode, a) for a in (
-            self._step, self._start, self._wall, self._cpu, self._gpu, self._profiled, self._tokens,
+            self._step, self._start, self._wall, self._cpu, self._switches, self._gpu, self._profiled, self._tokens,
             self._samples, self._disturbed)))
 
     def _record_event(self) -> torch.cuda.Event:
@@ -131,6 +158,7 @@ class StepRows:
     start_ns: array
     wall_ns: array
     cpu_ns: array
+    preemptions: array
     gpu_ns: array
     profiled: array
     tokens: array
@@ -149,6 +177,7 @@ class StepRows:
                 "start_ns": pa.array(self.start_ns, pa.int64()),
                 "wall_ns": pa.array(self.wall_ns, pa.int64()),
                 "cpu_ns": pa.array(self.cpu_ns, pa.int64()),
+                "preemptions": _nullable(self.preemptions),
                 "gpu_ns": _nullable(self.gpu_ns),
                 "profiled": pa.array([bool(v) for v in self.profiled], pa.bool_()),
                 "tokens": _nullable(self.tokens),

@@ -127,6 +127,7 @@ STEP_TIMES = pa.schema(
         pa.field("start_ns", pa.int64(), nullable=False),
         pa.field("wall_ns", pa.int64(), nullable=False),
         pa.field("cpu_ns", pa.int64()),
+        pa.field("preemptions", pa.int64()),
         pa.field("gpu_ns", pa.int64()),
         pa.field("profiled", pa.bool_()),
         pa.field("tokens", pa.int64()),
@@ -616,7 +617,7 @@ rewrite later (``step_times`` every few minutes of a long job): the committed so
 say what they hold, so whatever caches answers per run must also look at their files."""
 
 GROWING_TABLES: tuple[str, ...] = ("step_times",)
-"""Tables that gained a nullable column without a schema version (``step_times.cpu_ns`` and
-``disturbed_by``):
+"""Tables that gained a nullable column without a schema version (``step_times.cpu_ns``,
+``disturbed_by`` and ``preemptions``):
 the store's view reads it as null in parts written before it, so no migration is needed."""
 

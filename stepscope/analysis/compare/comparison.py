@@ -27,6 +27,7 @@ from stepscope.analysis.compare.comparability import Check, comparability
 from stepscope.analysis.compare.snapshots import compare_snapshots
 from stepscope.analysis.compare.metrics import (
     CPU_TIME_SOURCE,
+    PREEMPTIONS,
     RunFacts,
     NamedStat,
     RunProfile,
@@ -38,9 +39,11 @@ from stepscope.analysis.compare.stats import (
     MannWhitney,
     Load,
     Noise,
+    Preemption,
     Spread,
     mann_whitney_greater,
     mann_whitney_less,
+    preemption,
     run_load,
     run_noise,
     spread,
@@ -335,9 +338,26 @@ def _metrics(base: Maybe[Side], cand: Side, step_source: str) -> list[MetricDelt
     metrics += parts("host", "host_breakdown")
     step = metrics[0]
     if step_source == CPU_TIME_SOURCE and step.base_runs and step.cand_runs and wall.base_runs and wall.cand_runs:
+        assert not isinstance(base, Absent)
         metrics[0] = replace(step, load=Load(run_load(wall.base_runs, step.base_runs),
-                                             run_load(wall.cand_runs, step.cand_runs)))
+                                             run_load(wall.cand_runs, step.cand_runs),
+                                             _preemptions(base), _preemptions(cand)))
     return metrics
+
+
+def _preemptions(side: Side) -> tuple[Preemption | None, ...]:
+    """Each run's :class:`~stepscope.analysis.compare.stats.Preemption`, None for a run that did
+    not record its steps' preemptions (or whose CPU and wall times do not line up with them)."""
+    found: list[Preemption | None] = []
+    for p in side:
+        cpu, wall = p.samples["step_time"], p.samples["wall_time"]
+        switches = p.samples.get(PREEMPTIONS, Absent("not gathered"))
+        if isinstance(cpu, Absent) or isinstance(wall, Absent) or isinstance(switches, Absent) \
+                or not cpu or not len(cpu) == len(wall) == len(switches):
+            found.append(None)
+        else:
+            found.append(preemption(cpu, wall, switches))
+    return tuple(found)
 
 
 def _side(profiles: RunProfile | Side) -> Side:

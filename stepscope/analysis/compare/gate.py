@@ -10,7 +10,9 @@ statement the data support. A side's value is the median of its runs' values; th
 measured when a side has two runs or more, else assumed, and said so); for a step time in CPU
 time each side's load may have inflated its value by a factor up to ``1 + f_c`` (the candidate)
 or ``1 + f_b`` (the baseline) (:class:`~stepscope.analysis.compare.stats.Load`: CPU time grows,
-never shrinks, when other processes take the core). So the candidate's value, in the baseline's
+never shrinks, when other processes take the core; where a run counted its steps' preemptions,
+only its preempted steps are allowed that growth,
+:func:`~stepscope.analysis.compare.stats.preemption`). So the candidate's value, in the baseline's
 terms, is known only to lie between ``(c - M) / (1 + f_c)`` and ``(c + M) * (1 + f_b)``: its
 change from the baseline lies between a **lower** and an **upper bound**. The size the gate guards against is
 ``G``: the budget's threshold, at least the metric's absolute floor
@@ -40,7 +42,7 @@ from stepscope.analysis.absent import Absent
 from stepscope.analysis.compare.budgets import Budget
 from stepscope.analysis.compare.budgets import floors as default_floors
 from stepscope.analysis.compare.comparison import Comparison, MetricDelta
-from stepscope.analysis.compare.stats import MannWhitney, Noise
+from stepscope.analysis.compare.stats import Load, MannWhitney, Noise
 from stepscope.errors import Inconclusive, StepscopeError
 from stepscope.units import format_value, p_value, signed_percent
 
@@ -136,7 +138,20 @@ def _load_text(noise: Noise) -> str:
              if inflation]
     return (f"; the runs were loaded (the most loaded one's steps took {load.worst:.2f}x their CPU time in "
             f"wall time, the baseline's {min(load.baseline):.2f}-{max(load.baseline):.2f}x), which inflates "
-            f"CPU time: {' and '.join(sides)}")
+            f"CPU time: {' and '.join(sides)}{_preempted_text(load)}")
+
+
+def _preempted_text(load: Load) -> str:
+    """How many steps each side lost its core in, where its runs counted them (the steps the
+    inflation was allowed on, :func:`~stepscope.analysis.compare.stats.preemption`)."""
+    counts = []
+    for side, found in (("baseline", load.baseline_preemption), ("candidate", load.candidate_preemption)):
+        known = [p for p in found if p is not None]
+        if known:
+            counts.append(f"{sum(p.preempted for p in known)} of the {side}'s {sum(p.steps for p in known)}")
+    if not counts:
+        return ""
+    return f", allowed on the preempted steps only ({' and '.join(counts)} steps were preempted)"
 
 
 def _between_runs(test: MannWhitney | None, alpha: float) -> str:

@@ -40,6 +40,9 @@ STEP_MEASURES: tuple[str, ...] = ("gpu_ns", "cpu_ns", "wall_ns")
 """Columns of ``step_times`` the step time can be judged on, in order of preference: device time
 (a GPU run), the training thread's CPU time (a CPU run: the measure other processes on the
 machine disturb least, docs/ci.md), wall time. ``step_source`` names them ``step_times.<column>``."""
+PREEMPTIONS = "preemptions"
+"""The ``step_times`` column of each step's involuntary context switches, read beside a CPU step
+time: the :class:`~stepscope.analysis.compare.stats.Preemption` of a run."""
 CPU_TIME_SOURCE = "step_times.cpu_ns"
 """The step time's source when it is the training thread's CPU time, the measure whose noise
 margin follows the load (:class:`~stepscope.analysis.compare.stats.Load`)."""
@@ -90,7 +93,8 @@ class RunProfile:
     step_source: str
     samples: dict[str, Maybe[list[float]]]
     """Metric -> one value per (rank, step): ``step_time`` and each metric of
-    ``stepscope.store.rankstats.parts.GPU.budget_metrics()``."""
+    ``stepscope.store.rankstats.parts.GPU.budget_metrics()``; with a CPU step time also
+    :data:`PREEMPTIONS`, in the order of ``step_time``'s values."""
     peak_memory: Maybe[list[float]]
     """Peak allocated bytes per (rank, device, step) on the GPU (the host when no GPU rows)."""
     peak_memory_device: str | None
@@ -174,12 +178,12 @@ def _threads(metadata: list[str | None]) -> int | None:
 
 def _step_times(store: SQLStore, run: str) -> dict[str, list[float | None]]:
     """Every training step the collector timed: column -> values (nulls kept), per
-    :data:`STEP_MEASURES`; a column that the run's files lack (written before it existed) is all
-    null. Empty lists when it timed none."""
+    :data:`STEP_MEASURES` and :data:`PREEMPTIONS`; a column that the run's files lack (written
+    before it existed) is all null. Empty lists when it timed none."""
     table = store.sql("SELECT * FROM step_times WHERE run = $run ORDER BY rank, step", {"run": run})
     return {column: ([None] * table.num_rows if column not in table.column_names
                      else [None if v is None else float(v) for v in table.column(column).to_pylist()])
-            for column in STEP_MEASURES}
+            for column in (*STEP_MEASURES, PREEMPTIONS)}
 
 
 def step_measures(store: SQLStore, run: str) -> tuple[str, ...]:
@@ -206,9 +210,10 @@ def step_samples(store: SQLStore, run: str, source: str) -> dict[str, Maybe[list
     """Per-step values of the step time, the wall time and each step part.
 
     The step time is ``source`` (:func:`step_source`): a ``step_times`` column (every training
-    step of the run) or the step windows of :func:`~stepscope.analysis.breakdown.step_windows`
-    (the profiled steps only). The wall time is ``step_times.wall_ns`` when the step time comes
-    from ``step_times``, else the windows too. The parts always come from the profiled steps'
+    step of the run; with the CPU time, each step's :data:`PREEMPTIONS` too) or the step windows
+    of :func:`~stepscope.analysis.breakdown.step_windows` (the profiled steps only). The wall
+    time is ``step_times.wall_ns`` when the step time comes from ``step_times``, else the windows
+    too. The parts always come from the profiled steps'
     breakdowns: the GPU's (:func:`~stepscope.analysis.breakdown.step_breakdown`) and the host's
     (:func:`~stepscope.analysis.breakdown.host_breakdown`).
     """
@@ -222,6 +227,10 @@ def step_samples(store: SQLStore, run: str, source: str) -> dict[str, Maybe[list
         column = source.removeprefix("step_times.")
         samples["step_time"] = [v for v in timed[column] if v is not None]
         samples["wall_time"] = [v for v in timed["wall_ns"] if v is not None]
+        if source == CPU_TIME_SOURCE:
+            switches = timed[PREEMPTIONS]
+            samples[PREEMPTIONS] = (Absent("step_times.preemptions not recorded") if None in switches
+                                    else [v for v in switches if v is not None])
     _part_samples(samples, GPU, step_breakdown(store, run))
     _part_samples(samples, HOST, host_breakdown(store, run))
     return samples

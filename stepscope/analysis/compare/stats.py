@@ -150,6 +150,37 @@ was never preempted). On the machine above, runs at 1.1-1.4 were already inflate
 
 
 @dataclass(frozen=True)
+class Preemption:
+    """A run's steps as other processes left them, from each step's involuntary context switches
+    (``step_times.preemptions``): ``preempted`` of its ``steps`` lost the core at least once, and
+    its median step CPU time may be up to ``inflation`` too high (:func:`preemption`)."""
+
+    steps: int
+    preempted: int
+    inflation: float
+
+    def to_json(self) -> dict[str, float | int]:
+        return {"steps": self.steps, "preempted": self.preempted, "inflation": self.inflation}
+
+
+def preemption(cpu: Sequence[float], wall: Sequence[float], switches: Sequence[float]) -> Preemption:
+    """How much a run's median step CPU time may be too high, judged step by step: a step that no
+    other thread or process preempted ran alone on its core, so load did not inflate its CPU
+    time; a preempted step's may be up to :func:`inflation_at` its own wall over CPU time (the run-level
+    rule of :class:`Load`, applied to the steps it holds for). The run's true median lies between
+    the median of its steps so deflated and its measured median (a median never moves against its
+    values), so the inflation is their ratio less one: 0 when no step was preempted, the run-level
+    bound when every step waited that long, in between otherwise. Unlike the run's wall over CPU
+    time, it does not count the waits the thread chose (a lock, the interpreter's GIL held by
+    another thread of the process) as load: those do not inflate CPU time."""
+    deflated = [c / (1.0 + inflation_at(w / c)) if n > 0 and c > 0 else c
+                for c, w, n in zip(cpu, wall, switches)]
+    low = median(deflated)
+    return Preemption(len(cpu), sum(1 for n in switches if n > 0),
+                      median(list(cpu)) / low - 1.0 if low > 0 else 0.0)
+
+
+@dataclass(frozen=True)
 class Load:
     """How busy the machine was during each run, as the training thread felt it: a run's median
     step wall time over its median step CPU time (1.0: the thread never waited for a core; 3.0:
@@ -159,14 +190,23 @@ class Load:
     core to other processes measures more CPU time for the same code, and runs in one busy spell
     agree with each other, so their spread does not show it. Load only ever adds CPU time (a
     preempted thread refills its caches; a sibling hyperthread halves its throughput), never takes
-    it away. So the gate bounds each side by its own most loaded run: a side's value may be up to
+    it away. So the gate bounds each side by its own most inflated run: a side's value may be up to
     its ``*_inflation`` too high, never too low
     (:func:`stepscope.analysis.compare.gate.change_bounds`). A loaded candidate can then still show
     a regression's lower bound, and a loaded baseline a pass's upper bound, only wider.
+
+    A run that recorded each step's preemptions (``*_preemption``) is bounded by its preempted
+    steps (:func:`preemption`): the wall over CPU time of a whole run also counts waits that do not
+    inflate CPU time (the collector's writer thread holding the GIL), and steps that no other
+    process preempted; a run without them by its load (:func:`inflation_at`).
     """
 
     baseline: tuple[float, ...]
     candidate: tuple[float, ...]
+    baseline_preemption: tuple[Preemption | None, ...] = ()
+    """Per baseline run, its steps' :class:`Preemption` where it recorded them (None, or a
+    shorter tuple, where not: a store written before ``step_times.preemptions``)."""
+    candidate_preemption: tuple[Preemption | None, ...] = ()
 
     @property
     def worst(self) -> float:
@@ -176,22 +216,46 @@ class Load:
     @property
     def inflation(self) -> float:
         """The most either side's CPU time may have been inflated, as a fraction (0 when no run waited)."""
-        return inflation_at(self.worst)
+        return max(self.baseline_inflation, self.candidate_inflation)
 
     @property
     def baseline_inflation(self) -> float:
-        """How much the baseline's CPU time may be too high: its most loaded run's :func:`inflation_at`."""
-        return inflation_at(max(self.baseline))
+        """How much the baseline's CPU time may be too high: its most inflated run's
+        (:func:`run_inflations`)."""
+        return max(run_inflations(self.baseline, self.baseline_preemption))
 
     @property
     def candidate_inflation(self) -> float:
-        """How much the candidate's CPU time may be too high: its most loaded run's :func:`inflation_at`."""
-        return inflation_at(max(self.candidate))
+        """How much the candidate's CPU time may be too high: its most inflated run's
+        (:func:`run_inflations`)."""
+        return max(run_inflations(self.candidate, self.candidate_preemption))
+
+    @property
+    def by_preemption(self) -> bool:
+        """Every run's bound came from its preempted steps (else some, or all, from its load)."""
+        return all(p is not None for p in (*_each_run(self.baseline, self.baseline_preemption),
+                                            *_each_run(self.candidate, self.candidate_preemption)))
 
     def to_json(self) -> dict[str, object]:
+        def side(loads: tuple[float, ...], found: tuple[Preemption | None, ...]) -> list[object]:
+            return [None if p is None else p.to_json() for p in _each_run(loads, found)]
+
         return {"baseline": list(self.baseline), "candidate": list(self.candidate), "worst": self.worst,
                 "inflation": self.inflation, "baseline_inflation": self.baseline_inflation,
-                "candidate_inflation": self.candidate_inflation}
+                "candidate_inflation": self.candidate_inflation, "by_preemption": self.by_preemption,
+                "baseline_preemption": side(self.baseline, self.baseline_preemption),
+                "candidate_preemption": side(self.candidate, self.candidate_preemption)}
+
+
+def _each_run(loads: Sequence[float], found: Sequence[Preemption | None]) -> list[Preemption | None]:
+    """``found`` lined up with ``loads``: None for each run past its end."""
+    return [found[i] if i < len(found) else None for i in range(len(loads))]
+
+
+def run_inflations(loads: Sequence[float], found: Sequence[Preemption | None]) -> list[float]:
+    """Each run's bound on how much too high its CPU time may be: its steps' :class:`Preemption`
+    where it recorded them, else :func:`inflation_at` its load."""
+    return [inflation_at(load) if p is None else p.inflation for load, p in zip(loads, _each_run(loads, found))]
 
 
 def inflation_at(load: float) -> float:
