@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from stepscope.cli import build_parser, main
+from tests.conftest import REPO
 from stepscope.commands import dashboard
 
 
@@ -33,8 +35,9 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_server_warms_every_module_the_pages_import_that_does_not_use_streamlit() -> None:
     """What a page or a dashboard helper imports, outside the dashboard and the standard library
-    and without Streamlit, is imported by the server while it starts (``WARM_MODULES``): a module
-    added to a page without it there costs the first visitor its import again."""
+    and without Streamlit, is imported by the server while it starts (``warm_imports``, run in a
+    fresh interpreter): a module added to a page without it there costs the first visitor its
+    import again."""
     from stepscope.dashboard import server
 
     folder = Path(server.__file__).parent
@@ -42,9 +45,12 @@ def test_the_server_warms_every_module_the_pages_import_that_does_not_use_stream
     wanted = {name for script in scripts for name in _imports(script)
               if name.split(".")[0] not in sys.stdlib_module_names and name != "__future__"
               and not name.startswith(("streamlit", "stepscope.dashboard"))}
-    assert wanted - set(server.WARM_MODULES) == set()
-    server.warm_imports()
-    assert all(name in sys.modules for name in server.WARM_MODULES)
+    probe = ("import sys; from stepscope.dashboard.server import warm_imports; warm_imports(); "
+             "print(' '.join(sys.modules))")
+    loaded = set(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                                cwd=REPO).stdout.split())
+    assert wanted - loaded == set()
+    assert not any(name.startswith("streamlit") for name in loaded)
 
 
 def test_missing_store_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
