@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import threading
 
+
 def warm_imports() -> None:
     """Import what the pages import (the standard library, Streamlit and the dashboard's own
     modules aside; ``tests/test_dashboard_command.py`` keeps this whole), then build one Altair
