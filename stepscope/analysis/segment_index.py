@@ -2,9 +2,9 @@
 
 The critical path cuts each of its pieces, and the replay every host stretch between two marks
 of every rank of every step (tens of thousands of cuts on a 64-rank run, each spanning up to
-thousands of stretches): a Python loop over the stretches, and reading millions of them into
-Python lists first, was most of a cold summary (64 copies of ``df_index_resolver``: 52 s of its
-81 s of CPU under cProfile). Here each (rank, breakdown) keeps its stretches as NumPy arrays
+thousands of stretches): a Python loop over the stretches, after reading millions of them into
+Python lists, cost the critical path and the replay seconds of CPU per run (64 copies of
+``df_index_resolver``, measured without a profiler: the unchanged replay 4.0 s, 1.9 s here). Here each (rank, breakdown) keeps its stretches as NumPy arrays
 sorted by start, read from Arrow without a Python object per row, and a cut sums the stretches
 it overlaps per part in C (``numpy.bincount``).
 """
