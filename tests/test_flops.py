@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable
@@ -514,38 +515,82 @@ def test_sized_coverage_needed_for_mfu() -> None:
     assert Coverage(95, 5, 1).absence() is None and Coverage(89, 11, 1).absence() is not None
 
 
+_RANGE_JOIN_SKIPPED = """
+WITH skipped AS (
+    SELECT rank, source, pid, tid, family, ts_ns, ts_ns + dur_ns AS end_ns FROM rank_flop_ops
+    WHERE run = $run AND leaf AND flops IS NULL AND NOT counted AND NOT starts_with(coalesce(reason, ''), 'inside ')
+), launches AS (
+    SELECT DISTINCT s.rank, s.family, l.source, l.correlation
+    FROM events l JOIN skipped s ON l.source = s.source AND l.pid IS NOT DISTINCT FROM s.pid
+     AND l.tid IS NOT DISTINCT FROM s.tid AND l.ts_ns >= s.ts_ns AND l.ts_ns <= s.end_ns
+    WHERE l.run = $run AND l.kind IN ('cuda_runtime', 'cuda_driver') AND l.correlation IS NOT NULL
+)
+SELECT l.rank, l.family, sum(k.dur_ns)::BIGINT AS kernel_ns,
+       (SELECT count(*) FROM skipped s WHERE s.rank = l.rank AND s.family = l.family) AS ops
+FROM launches l JOIN events k ON k.source = l.source AND k.correlation = l.correlation
+WHERE k.run = $run AND k.kind = 'kernel' AND k.category = 'compute' AND k.dur_ns IS NOT NULL
+GROUP BY l.rank, l.family
+"""
+"""The definition, as a plain range join: every call on a skipped op's thread while it ran (closed
+interval), each once per family, and its compute kernels."""
+
+
 @pytest.mark.shared
-def test_skipped_kernels_as_of_join_finds_what_the_range_join_finds(ingested) -> None:
-    """The launches behind the skipped ops are found with an as-of join when no two skipped ops of
-    a thread share an instant (each call then lies in at most the latest op started before it),
-    else with the range join (the choice: test_skipped_ops_overlap_check below). On
-    df_index_resolver (2,665 skipped ops, disjoint) both give the same rows. (resnet50 2021, whose
-    skipped ops overlapped, has none since its convolutions are sized from the next op.)"""
-    from stepscope.analysis.flops import (_LAUNCHES_ASOF, _LAUNCHES_RANGE, _SKIPPED, _SKIPPED_KERNELS,
-                                          _SKIPPED_OVERLAP, skipped_kernels)
+def test_skipped_kernels_from_ingest_and_from_events_match_the_range_join(ingested, tmp_path: Path) -> None:
+    """df_index_resolver's 2,665 skipped ops: what ingest stored (``rank_flop_skipped``) and what
+    a store ingested before that table existed gets from its events (the table removed) both
+    equal the plain range join over the events."""
+    from stepscope.analysis.flops import skipped_kernels
 
-    skipped, params = _SKIPPED.format(rf="TRUE"), {"run": "t"}
-    store = open_store(ingested("hta/df_index_resolver/df_index_resolver.json.gz"))
-    assert store.sql(_SKIPPED_OVERLAP.format(skipped=skipped), params).to_pylist() == [{"overlap": False}]
-    rows = {how: store.sql(_SKIPPED_KERNELS.format(skipped=skipped, launches=launches) + " ORDER BY rank, family",
-                           params).to_pylist() for how, launches in (("asof", _LAUNCHES_ASOF), ("range", _LAUNCHES_RANGE))}
-    assert rows["asof"] == rows["range"] and len(rows["range"]) == 1 and rows["range"][0]["kernel_ns"] > 0
-    assert skipped_kernels(store, "t") == {(r["rank"], r["family"]): (r["ops"], r["kernel_ns"]) for r in rows["range"]}
+    store_dir = tmp_path / "store"
+    shutil.copytree(ingested("hta/df_index_resolver/df_index_resolver.json.gz"), store_dir)
+    store = open_store(store_dir)
+    expected = {(r["rank"], r["family"]): (r["ops"], r["kernel_ns"])
+                for r in store.sql(_RANGE_JOIN_SKIPPED, {"run": "t"}).to_pylist()}
+    assert len(expected) == 1 and next(iter(expected.values()))[0] == 2665 and next(iter(expected.values()))[1] > 0
+    assert store.sql("SELECT count(*) AS n FROM rank_flop_skipped").to_pylist() == [{"n": 1}]
+    assert skipped_kernels(store, "t") == expected
+    shutil.rmtree(store_dir / "rank_flop_skipped")
+    for compacted in store_dir.glob(".compact/run=*/rank_flop_skipped-*.parquet"):
+        compacted.unlink()
+    older = open_store(store_dir)
+    assert older.sql("SELECT count(*) AS n FROM rank_flop_skipped").to_pylist() == [{"n": 0}]
+    assert skipped_kernels(older, "t") == expected
 
 
-@pytest.mark.parametrize(("spans", "overlap"), [
-    ([(0, 10), (11, 20)], False),
-    ([(0, 10), (10, 20)], True),  # closed intervals: a call at 10 lies in both
-    ([(0, 30), (5, 10)], True),
-    ([(0, 30), (40, 50), (45, 46)], True),
-    ([(0, None), (5, 10)], False),  # an op without an end holds no call
+@pytest.mark.parametrize("spans", [
+    [(0, 10), (11, 20)],
+    [(0, 10), (10, 20)],  # closed intervals: a call at 10 lies in both, counted once
+    [(0, 30), (5, 10)],  # nested: the call at 20 lies only in the outer op, started earlier
+    [(0, 30), (40, 50), (45, 46)],
+    [(0, None), (5, 10)],  # an op without an end holds no call
+    [(5, None), (0, 3)],
 ])
-def test_skipped_ops_overlap_check(spans: list[tuple[int, int | None]], overlap: bool) -> None:
-    """Overlapping skipped ops on one thread send the count to the range join."""
+def test_skipped_kernels_query_counts_each_kernel_once_however_the_ops_overlap(spans: list[tuple[int, int | None]]) -> None:
+    """The as-of join over islands of skipped ops finds what a plain count finds: each kernel
+    whose launch call lies in (closed) any skipped op of its thread, once per family."""
     import duckdb
 
-    from stepscope.analysis.flops import _SKIPPED_OVERLAP
+    from stepscope.store.rankstats.flops import skipped_kernels_query
 
-    values = ", ".join(f"('s', 1, 1, {a}, {'NULL' if b is None else b})" for a, b in spans)
-    skipped = f"skipped AS (SELECT * FROM (VALUES {values}, ('s', 1, 2, 5, 9)) t(source, pid, tid, ts_ns, end_ns))"
-    assert duckdb.connect().sql(_SKIPPED_OVERLAP.format(skipped=skipped)).fetchall() == [(overlap,)]
+    con = duckdb.connect()
+    ops = [("mm", a, None if b is None else b - a) for a, b in spans] + [("conv", 0, 100)]
+    con.execute("CREATE TABLE ops (source VARCHAR, pid BIGINT, tid BIGINT, family VARCHAR, ts_ns BIGINT, dur_ns BIGINT, "
+                "leaf BOOLEAN, flops BIGINT, counted BOOLEAN, reason VARCHAR)")
+    con.executemany("INSERT INTO ops VALUES ('s', 1, 1, ?, ?, ?, TRUE, NULL, FALSE, NULL)",
+                    [(family, a, d) for family, a, d in ops])
+    calls = [(c, t) for c, t in enumerate((0, 3, 5, 10, 11, 20, 30, 45, 50, 60), start=1)]
+    con.execute("CREATE TABLE events (run VARCHAR, source VARCHAR, pid BIGINT, tid BIGINT, kind VARCHAR, "
+                "category VARCHAR, correlation BIGINT, ts_ns BIGINT, dur_ns BIGINT)")
+    con.executemany("INSERT INTO events VALUES ('r', 's', 1, ?, 'cuda_runtime', NULL, ?, ?, 1)",
+                    [(1, c, t) for c, t in calls] + [(2, 100 + c, t) for c, t in calls])  # thread 2: no skipped op
+    con.executemany("INSERT INTO events VALUES ('r', 's', NULL, NULL, 'kernel', 'compute', ?, 1000, ?)",
+                    [(c, 7 * c) for c, _ in calls] + [(100 + c, 1) for c, _ in calls])
+    got = {r[0]: (r[1], r[2]) for r in con.execute(
+        f"SELECT family, ops, kernel_ns FROM ({skipped_kernels_query('ops', ('source',), 'TRUE')})", {"run": "r"}).fetchall()}
+    expected = {}
+    for family in ("conv", "mm"):
+        spans_of = [(a, None if d is None else a + d) for f, a, d in ops if f == family]
+        hit = {c for c, t in calls for a, b in spans_of if b is not None and a <= t <= b}
+        expected[family] = (len(spans_of), sum(7 * c for c in hit) if hit else None)
+    assert got == expected

@@ -54,6 +54,7 @@ from stepscope.analysis.flop_formulas import FAMILIES
 from stepscope.analysis.peaks import DevicePeak, device_peak, peak_dtype
 from stepscope.analysis.quantiles import median
 from stepscope.analysis.sections import SQLStore, section
+from stepscope.store.rankstats.flops import SKIPPED_LEAF, skipped_kernels_query
 from stepscope.store.rankstats.parts import COMPUTE
 from stepscope.units import duration
 
@@ -106,59 +107,6 @@ SIZED_COVERAGE_MIN = 0.9
 """MFU needs the sized (counted) product ops' kernels to take at least this share of the kernel
 time of every product op, sized or skipped: below it the FLOP count misses too much of the work."""
 
-_SKIPPED = """
-skipped AS (  -- leaves whose shapes give no figure, outside every counted leaf
-    SELECT rank, source, pid, tid, family, ts_ns, ts_ns + dur_ns AS end_ns FROM rank_flop_ops
-    WHERE run = $run AND {rf} AND leaf AND flops IS NULL AND NOT counted AND NOT starts_with(coalesce(reason, ''), 'inside ')
-)"""
-
-_LAUNCHES_RANGE = """
-launches AS (  -- runtime and driver calls on a skipped op's thread while it ran, each once
-    SELECT DISTINCT s.rank, s.family, l.source, l.correlation
-    FROM events l JOIN skipped s ON l.source = s.source AND l.pid IS NOT DISTINCT FROM s.pid
-     AND l.tid IS NOT DISTINCT FROM s.tid
-     AND l.ts_ns >= s.ts_ns AND l.ts_ns <= s.end_ns
-    WHERE l.run = $run AND l.kind IN ('cuda_runtime', 'cuda_driver') AND l.correlation IS NOT NULL
-)"""
-
-_LAUNCHES_ASOF = """
-keyed AS (
-    SELECT *, pid IS NULL AS pid_null, coalesce(pid, 0) AS pid0, tid IS NULL AS tid_null, coalesce(tid, 0) AS tid0
-    FROM skipped
-),
-calls AS (
-    SELECT source, correlation, ts_ns, pid IS NULL AS pid_null, coalesce(pid, 0) AS pid0,
-           tid IS NULL AS tid_null, coalesce(tid, 0) AS tid0
-    FROM events WHERE run = $run AND kind IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
-      AND source IN (SELECT source FROM skipped)
-),
-launches AS (  -- the same pairs as the range join when a thread's skipped ops are disjoint
-    SELECT DISTINCT s.rank, s.family, l.source, l.correlation
-    FROM calls l ASOF JOIN keyed s ON l.source = s.source AND l.pid_null = s.pid_null AND l.pid0 = s.pid0
-     AND l.tid_null = s.tid_null AND l.tid0 = s.tid0 AND l.ts_ns >= s.ts_ns
-    WHERE l.ts_ns <= s.end_ns
-)"""
-
-_SKIPPED_KERNELS = """
-WITH {skipped}, {launches}
-SELECT l.rank, l.family, sum(k.dur_ns)::BIGINT AS kernel_ns, (SELECT count(*) FROM skipped s WHERE s.rank = l.rank
-       AND s.family = l.family) AS ops
-FROM launches l JOIN events k ON k.source = l.source AND k.correlation = l.correlation
-WHERE k.run = $run AND k.kind = 'kernel' AND k.category = 'compute' AND k.dur_ns IS NOT NULL
-GROUP BY l.rank, l.family
-"""
-
-_SKIPPED_OVERLAP = """
-WITH {skipped}, ordered AS (
-    SELECT ts_ns, max(end_ns) OVER (PARTITION BY source, pid, tid ORDER BY ts_ns, end_ns
-                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before_end
-    FROM skipped
-)
-SELECT coalesce(bool_or(ts_ns <= before_end), FALSE) AS overlap FROM ordered
-"""
-"""Whether two skipped ops of one thread share an instant (closed intervals, as the range join
-counts them): then a call may lie in both, and only the range join finds every pair."""
-
 
 @dataclass(frozen=True)
 class Coverage:
@@ -186,21 +134,30 @@ class Coverage:
 
 def skipped_kernels(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> dict[tuple[int, str], tuple[int, int]]:
     """Per (rank, family): (skipped ops, the summed duration of the compute kernels they
-    launched, each kernel once), for the leaves whose shapes gave no figure."""
+    launched, each kernel once), for the leaves whose shapes gave no figure; only families whose
+    skipped ops launched a kernel.
+
+    Read from ``rank_flop_skipped``, which ingest writes; a trace ingested before that table
+    existed (a skipped leaf in ``rank_flop_ops``, no row there) is counted from its events with
+    the same query (64 ranks of df_index_resolver: 4 s of CPU, which the table saves)."""
     rf, extra = rank_filter(ranks)
-    none = store.sql(f"SELECT count(*) = 0 AS none FROM rank_flop_ops WHERE run = $run AND {rf} AND leaf AND flops IS NULL",
-                     {"run": run, **extra}).to_pylist()[0]["none"]
-    if none:  # the common case: nothing skipped, no scan of the launches
-        return {}
-    skipped = _SKIPPED.format(rf=rf)
     params = {"run": run, **extra}
-    # A thread's skipped ops are disjoint in every trace seen: each call then lies in at most the
-    # latest op started before it (an as-of join, linear), not in a pairing of every call with
-    # every op of its thread (0.2 s of CPU per rank on df_index_resolver).
-    overlap = store.sql(_SKIPPED_OVERLAP.format(skipped=skipped), params).to_pylist()[0]["overlap"]
-    launches = _LAUNCHES_RANGE if overlap else _LAUNCHES_ASOF
-    rows = store.sql(_SKIPPED_KERNELS.format(skipped=skipped, launches=launches), params).to_pylist()
-    return {(r["rank"], r["family"]): (r["ops"], r["kernel_ns"] or 0) for r in rows}
+    rows = store.sql(f"SELECT rank, family, ops, kernel_ns FROM rank_flop_skipped WHERE run = $run AND {rf}",
+                     params).to_pylist()
+    stale = f"""source IN (SELECT source FROM rank_flop_ops WHERE run = $run AND {rf} AND {SKIPPED_LEAF}
+                           EXCEPT SELECT source FROM rank_flop_skipped WHERE run = $run)"""
+    if store.sql(f"SELECT count(*) > 0 AS any FROM rank_flop_ops WHERE run = $run AND {rf} AND {stale}",
+                 params).to_pylist()[0]["any"]:
+        rows += store.sql(skipped_kernels_query("rank_flop_ops", ("rank", "source"), f"run = $run AND {rf} AND {stale}"),
+                          params).to_pylist()
+    launched = {(r["rank"], r["family"]) for r in rows if r["kernel_ns"] is not None}
+    out: dict[tuple[int, str], tuple[int, int]] = {}
+    for r in rows:
+        key = (r["rank"], r["family"])
+        if key in launched:
+            ops, kernel_ns = out.get(key, (0, 0))
+            out[key] = (ops + r["ops"], kernel_ns + (r["kernel_ns"] or 0))
+    return out
 
 
 def coverage(ops: pa.Table, skipped: dict[tuple[int, str], tuple[int, int]]) -> dict[int, Coverage]:

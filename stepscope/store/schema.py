@@ -452,6 +452,15 @@ RANK_FLOP_TRACES = pa.schema(
     ]
 )
 """What FLOP counting needs to know of each trace of a rank (``stepscope.store.rankstats.flops``)."""
+RANK_FLOP_SKIPPED = pa.schema(
+    [
+        pa.field("source", _STR, nullable=False),
+        pa.field("family", _STR, nullable=False),
+        pa.field("ops", pa.int64(), nullable=False),
+        pa.field("kernel_ns", pa.int64()),
+    ]
+)
+"""Per trace and family, the product leaves the FLOP count skipped and their compute kernels' time."""
 RANK_STEP_WINDOWS = pa.schema(
     [
         pa.field("source", _STR, nullable=False),
@@ -602,6 +611,7 @@ TABLES: dict[str, Table] = {
         Table("rank_pipeline_actions", RANK_PIPELINE_ACTIONS, "one row per runtime-schedule action of a rank (computed at ingest)"),
         Table("rank_pipeline_work", RANK_PIPELINE_WORK, "one row per work item of a pipeline rank, with its phase (computed at ingest)"),
         Table("rank_flop_ops", RANK_FLOP_OPS, "one row per matrix product, convolution or attention op of a rank, with its FLOPs (computed at ingest)"),
+        Table("rank_flop_skipped", RANK_FLOP_SKIPPED, "one row per trace and FLOP family of a rank whose ops the count could not size, with their kernels' time (computed at ingest)"),
         Table("rank_flop_traces", RANK_FLOP_TRACES, "one row per trace of a rank: shapes recorded, GPU kernels, kernel launches (computed at ingest)"),
         Table("rank_step_windows", RANK_STEP_WINDOWS, "one row per step of a rank: its window (computed at ingest)"),
         Table("rank_segments", RANK_SEGMENTS, "one row per stretch of a rank's time line where a part holds (computed at ingest)"),

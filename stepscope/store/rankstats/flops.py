@@ -441,7 +441,12 @@ _GRAD_OPS = "(" + ", ".join(_lit(f"{name}{part}") for name, op in FLOP_OPS.items
                             if op.formula.kind == "cudnn_convolution_backward" for part in ("_input", "_weight")) + ")"
 """The gradient ops an old backward convolution calls (``_grads``)."""
 
-RANK_FLOP_OPS = f"""
+FLOP_ROWS = "_rank_flop_rows"
+"""The temporary table that holds a trace's FLOP ops once computed (:data:`MATERIALIZE_FLOP_OPS`):
+``rank_flop_ops`` and ``rank_flop_skipped`` both read it, so the big query is planned once."""
+
+MATERIALIZE_FLOP_OPS = f"""
+CREATE OR REPLACE TEMP TABLE {FLOP_ROWS} AS
 WITH RECURSIVE
     _cand AS MATERIALIZED (
         SELECT row_number() OVER (ORDER BY e.source, e.pid, e.tid, e.thread_label, e.ts_ns, e.dur_ns DESC, r.leaf, e.name)
@@ -626,15 +631,84 @@ WITH RECURSIVE
         WHERE k.run = $run AND k.kind = 'kernel' AND k.category = 'compute' AND k.dur_ns IS NOT NULL
         GROUP BY i.ord
     )
-SELECT o.source, o.pid, o.tid, o.step, o.name, o.family, o.leaf, o.ts_ns, o.dur_ns, o.flops, o.flops_source, o.dtype,
-       coalesce(v.counted, FALSE) AS counted, coalesce(v.reason, o.figure_reason) AS reason,
+SELECT o.ord, o.source, o.pid, o.tid, o.step, o.name, o.family, o.leaf, o.ts_ns, o.dur_ns, o.flops, o.flops_source,
+       o.dtype, coalesce(v.counted, FALSE) AS counted, coalesce(v.reason, o.figure_reason) AS reason,
        CASE WHEN v.counted THEN coalesce(h.gpu_ns, 0) END AS gpu_ns,
        CASE WHEN v.counted THEN coalesce(h.kernels, 0) END AS kernels, coalesce(h.tf32, FALSE) AS tf32
 FROM _ops o LEFT JOIN _verdict v ON v.ord = o.ord LEFT JOIN _hit h ON h.ord = o.ord
-ORDER BY o.ord
 """
-"""The ``rank_flop_ops`` rows of one trace: every op of a FLOP family (:data:`FLOP_OPS`) with its
-FLOPs, whether it counts and why not, and the compute kernels it launched (module docs)."""
+"""Computes the ``rank_flop_ops`` rows of one trace into :data:`FLOP_ROWS` (with the order they are
+stored in, ``ord``): every op of a FLOP family
+(:data:`FLOP_OPS`) with its FLOPs, whether it counts and why not, and the compute kernels it
+launched (module docs)."""
+
+RANK_FLOP_OPS = f"""
+SELECT source, pid, tid, step, name, family, leaf, ts_ns, dur_ns, flops, flops_source, dtype, counted, reason, gpu_ns,
+       kernels, tf32
+FROM {FLOP_ROWS} ORDER BY ord
+"""
+"""The ``rank_flop_ops`` rows of one trace, as :data:`MATERIALIZE_FLOP_OPS` computed them."""
+
+
+SKIPPED_LEAF = "leaf AND flops IS NULL AND NOT counted AND NOT starts_with(coalesce(reason, ''), 'inside ')"
+"""A ``rank_flop_ops`` row the count skipped: a leaf whose shapes gave no figure, outside every
+counted leaf (MFU's coverage weighs their kernels against the counted ops')."""
+
+
+def skipped_kernels_query(ops: str, keys: Sequence[str], where: str) -> str:
+    """Per ``keys`` (a trace: ``source``; ``rank`` too over a whole run) and family: the product
+    leaves whose shapes gave no figure (outside every counted leaf: ``ops`` rows, as
+    ``rank_flop_ops`` stores them, filtered by ``where``), and the summed duration of the compute
+    kernels that the runtime and driver calls on their threads, while one of them ran, launched
+    (each kernel once per family; NULL when they launched none).
+
+    Linear in the calls: a family's skipped ops of a thread are merged into islands (closed
+    intervals: ops that share an instant are one island), and each call lies in at most the
+    latest island started before it, an as-of join. A join of every call with every op of its
+    thread cost 0.2 s of CPU per df_index_resolver rank; an as-of join over the ops themselves
+    misses calls when two of them overlap."""
+    by = ", ".join(keys)
+    same = " AND ".join(f"i.{k} = l.{k}" for k in keys)
+    return f"""
+WITH skipped AS (SELECT {by}, pid, tid, family, ts_ns, ts_ns + dur_ns AS end_ns FROM {ops} WHERE {where} AND {SKIPPED_LEAF}),
+counts AS (SELECT {by}, family, count(*) AS ops FROM skipped GROUP BY {by}, family),
+marked AS (
+    SELECT *, coalesce(ts_ns > max(end_ns) OVER (PARTITION BY {by}, pid, tid, family ORDER BY ts_ns, end_ns
+                                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), TRUE) AS opens
+    FROM skipped
+),
+islands AS (
+    SELECT {by}, family, pid IS NULL AS pid_null, coalesce(pid, 0) AS pid0, tid IS NULL AS tid_null,
+           coalesce(tid, 0) AS tid0, min(ts_ns) AS ts_ns, max(end_ns) AS end_ns
+    FROM (SELECT *, sum(opens::INTEGER) OVER (PARTITION BY {by}, pid, tid, family ORDER BY ts_ns, end_ns
+                                              ROWS UNBOUNDED PRECEDING) AS island FROM marked)
+    GROUP BY {by}, family, pid, tid, island
+),
+calls AS (
+    SELECT c.{by.replace(", ", ", c.")}, f.family, c.correlation, c.ts_ns, c.pid IS NULL AS pid_null,
+           coalesce(c.pid, 0) AS pid0, c.tid IS NULL AS tid_null, coalesce(c.tid, 0) AS tid0
+    FROM events c JOIN (SELECT DISTINCT {by}, family FROM skipped) f USING ({by})
+    WHERE c.run = $run AND c.kind IN ('cuda_runtime', 'cuda_driver') AND c.correlation IS NOT NULL
+),
+launches AS (
+    SELECT DISTINCT l.{by.replace(", ", ", l.")}, l.family, l.correlation
+    FROM calls l ASOF JOIN islands i ON {same} AND i.family = l.family AND i.pid_null = l.pid_null
+     AND i.pid0 = l.pid0 AND i.tid_null = l.tid_null AND i.tid0 = l.tid0 AND l.ts_ns >= i.ts_ns
+    WHERE l.ts_ns <= i.end_ns
+),
+kernels AS (
+    SELECT l.{by.replace(", ", ", l.")}, l.family, sum(k.dur_ns)::BIGINT AS kernel_ns
+    FROM launches l JOIN events k ON {" AND ".join(f"k.{k} = l.{k}" for k in keys)} AND k.correlation = l.correlation
+    WHERE k.run = $run AND k.kind = 'kernel' AND k.category = 'compute' AND k.dur_ns IS NOT NULL
+    GROUP BY {", ".join(f"l.{k}" for k in keys)}, l.family
+)
+SELECT {by}, family, ops, kernel_ns FROM counts LEFT JOIN kernels USING ({by}, family) ORDER BY {by}, family
+"""
+
+
+RANK_FLOP_SKIPPED = skipped_kernels_query(FLOP_ROWS, ("source",), "TRUE")
+"""The ``rank_flop_skipped`` rows of one trace: per family, the leaves the count skipped and their
+compute kernels' time (what MFU's coverage needs, without reading the trace's events again)."""
 
 RANK_FLOP_TRACES = """
 SELECT t.source,

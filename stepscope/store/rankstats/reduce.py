@@ -25,7 +25,8 @@ from stepscope.store.rankstats.breakdown import (GPU_KINDS_SQL, PREPARE, WINDOW_
 from stepscope.store.rankstats.collectives import HOST_SIDE_SQL, RANK_COLLECTIVES, RANK_HIDING_SPANS
 from stepscope.store.rankstats.copies import RANK_COPIES
 from stepscope.store.rankstats.edges import EDGES_COLUMNS, EDGES_NEEDS, RANK_EDGES
-from stepscope.store.rankstats.flops import FLOP_OPS, RANK_FLOP_OPS, RANK_FLOP_TRACES
+from stepscope.store.rankstats.flops import (FLOP_OPS, MATERIALIZE_FLOP_OPS, RANK_FLOP_OPS, RANK_FLOP_SKIPPED,
+                                             RANK_FLOP_TRACES)
 from stepscope.store.rankstats.kernels import RANK_CPU_OPS, RANK_KERNELS, RANK_LAUNCHES
 from stepscope.store.rankstats.memory import (PREPARE_MEMORY, RANK_MEMORY_ALLOCATIONS, RANK_MEMORY_CURVE,
                                               RANK_MEMORY_LIVE, RANK_MEMORY_PEAKS, RANK_MEMORY_STEPS)
@@ -62,6 +63,8 @@ def _step_columns(breakdown: Breakdown) -> str:
 _GPU_WORK = f"e.kind IN {GPU_KINDS_SQL} AND e.dur_ns > 0"
 _MEMORY = "e.kind = 'memory' AND e.ts_ns IS NOT NULL"
 """The rows of the ``memory`` part (every memory table reads them)."""
+_FLOP_OPS = f"e.kind = 'cpu_op' AND e.name IN {sql_list(tuple(FLOP_OPS))}"
+"""The ops of a FLOP family (both FLOP tables read the rows their one query computes)."""
 
 TABLES: tuple[RankTable, ...] = (
     RankTable("rank_copies", RANK_COPIES, "e.kind = 'memcpy' AND e.dur_ns IS NOT NULL",
@@ -114,10 +117,12 @@ TABLES: tuple[RankTable, ...] = (
               "source VARCHAR, ts_ns BIGINT, end_ns BIGINT, stage BIGINT, action VARCHAR, microbatch BIGINT"),
     RankTable("rank_pipeline_work", RANK_PIPELINE_WORK, f"({P2P_SQL}) OR ({ACTION_SQL})",
               "source VARCHAR, issue_ns BIGINT, start_ns BIGINT, end_ns BIGINT, phase VARCHAR, on_gpu BOOLEAN"),
-    RankTable("rank_flop_ops", RANK_FLOP_OPS, f"e.kind = 'cpu_op' AND e.name IN {sql_list(tuple(FLOP_OPS))}",
+    RankTable("rank_flop_ops", RANK_FLOP_OPS, _FLOP_OPS,
               "source VARCHAR, pid BIGINT, tid BIGINT, step BIGINT, name VARCHAR, family VARCHAR, leaf BOOLEAN, "
               "ts_ns BIGINT, dur_ns BIGINT, flops BIGINT, flops_source VARCHAR, dtype VARCHAR, counted BOOLEAN, "
-              "reason VARCHAR, gpu_ns BIGINT, kernels BIGINT, tf32 BOOLEAN"),
+              "reason VARCHAR, gpu_ns BIGINT, kernels BIGINT, tf32 BOOLEAN", (MATERIALIZE_FLOP_OPS,)),
+    RankTable("rank_flop_skipped", RANK_FLOP_SKIPPED, _FLOP_OPS,
+              "source VARCHAR, family VARCHAR, ops BIGINT, kernel_ns BIGINT", (MATERIALIZE_FLOP_OPS,)),
     RankTable("rank_flop_traces", RANK_FLOP_TRACES),
     RankTable("rank_edges", RANK_EDGES, EDGES_NEEDS, EDGES_COLUMNS),
     RankTable("rank_step_windows", step_windows_query()),
