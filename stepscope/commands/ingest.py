@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "a run of its own (session, the default) or refuse it")
     parser.add_argument("--memory-limit", metavar="SIZE",
                         help="DuckDB memory per conversion, e.g. 512MB (default: "
-                             "$STEPSCOPE_INGEST_MEMORY_LIMIT or 512MB); a bigger trace spills to disk")
+                             "$STEPSCOPE_INGEST_MEMORY_LIMIT or 128MB); a bigger trace spills to disk")
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
                         help="convert in worker processes of this machine (local, the default) or in one "
                              "Ray task per file (ray: pip install 'stepscope[ray]')")

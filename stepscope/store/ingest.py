@@ -46,16 +46,19 @@ from stepscope.store.location import is_url
 from stepscope.store.objectstore import RemoteStore
 from stepscope.store.atomic import AtomicBatch
 from stepscope.store.writer import part_path, run_id, write_partition
-from stepscope.store.snapshot import ingest as snapshot_ingest
 from stepscope.store.snapshot.unpickle import is_snapshot_file
 
 RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)(?![0-9])", re.IGNORECASE)
 SOURCE_DIGITS = 16
 
 INGEST_MEMORY_LIMIT_ENV = "STEPSCOPE_INGEST_MEMORY_LIMIT"
-DEFAULT_INGEST_MEMORY_LIMIT = "512MB"
+DEFAULT_INGEST_MEMORY_LIMIT = "128MB"
 """DuckDB's memory for converting one trace (``--memory-limit`` or
-``$STEPSCOPE_INGEST_MEMORY_LIMIT``): a bound, rarely reached, since the conversion streams."""
+``$STEPSCOPE_INGEST_MEMORY_LIMIT``); past it the conversion spills to the connection's private
+folder. DuckDB keeps what it is allowed: with 512MB, df_index_resolver (216k events, 54 MB of
+JSON) peaked at 204-213 MB of RSS in all, with 128MB (and the rank tables' 64MB) at 152-154 MB,
+for 0-10% more CPU (load 11-17, alternated runs). A trace is converted beside training (the
+collector converts on the rank's own host), where memory is what is short."""
 SMALL_TRACE_EVENTS = 50_000
 SMALL_TRACE_SKIPPED_OPTIMIZERS = "common_subexpressions,projection_pullup"
 """A trace of fewer events is converted without these two DuckDB optimizer passes. On a small
@@ -115,7 +118,8 @@ def source_id(sha256: str) -> str:
 
 
 def ingest_memory_limit(override: str | None = None) -> str:
-    """DuckDB's memory limit for one conversion: ``override``, else the environment, else 512MB."""
+    """DuckDB's memory limit for one conversion: ``override``, else the environment, else
+    :data:`DEFAULT_INGEST_MEMORY_LIMIT`."""
     return override or os.environ.get(INGEST_MEMORY_LIMIT_ENV) or DEFAULT_INGEST_MEMORY_LIMIT
 
 
@@ -282,11 +286,12 @@ def _convert_into_url(path: str | Path, url: str, run: str, **options: Any) -> C
         shutil.rmtree(work, ignore_errors=True)
 
 
-RANK_TABLES_MEMORY_LIMIT = "128MB"
+RANK_TABLES_MEMORY_LIMIT = "64MB"
 """DuckDB's memory limit while a trace's per-rank tables are computed. Their sweeps hold every
 interval of the trace at once (temporary tables, sorts); past this they spill to the
-connection's private folder, so a bigger trace takes longer, not more memory (without it, five
-copies of df_index_resolver peaked at 458 MB against 237 MB for one)."""
+connection's private folder, so a bigger trace takes longer, not more memory (without a limit,
+five copies of df_index_resolver peaked at 458 MB against 237 MB for one; at 128MB the rank
+tables were the peak of df_index_resolver's ingest, 208 MB, at 64MB 152 MB)."""
 
 
 def write_rank_tables(con: duckdb.DuckDBPyConnection, root: Path, run: str, rank: int, source: str,
@@ -368,6 +373,10 @@ def _ingest_snapshot(job: _Job) -> IngestedTrace:
     named = rank_from_name(job.file)
     rank, how = ((job.rank, "option") if job.rank is not None else (named, "filename") if named is not None
                  else (job.position, "position"))
+    # Imported here: it needs pyarrow (42 MB of memory, 0.2 s), which a Kineto trace's ingest
+    # never loads (DuckDB writes its parts).
+    from stepscope.store.snapshot import ingest as snapshot_ingest
+
     done = snapshot_ingest.ingest_snapshot(job.file, job.store, job.run, rank=rank, rank_from=how,
                                            source_of=source_id, tags=job.tags)
     return IngestedTrace(str(job.file), run_id(job.run), rank, how, done.source, done.events, done.skipped)

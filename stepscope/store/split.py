@@ -30,12 +30,15 @@ import msgspec
 
 from stepscope.errors import TraceFormatError
 
-PIECE_BYTES = 16 << 20
+PIECE_BYTES = 8 << 20
 """Target size of one piece of events text (one file DuckDB reads and types in one statement).
 Each statement costs its planning (~40 ms for the typing query), so fewer, bigger pieces are
 cheaper: on df_index_resolver (54 MB of JSON) 16 MB pieces took the staging from 3.05 s to
-2.25-2.5 s of CPU against 4 MB ones, at the same peak RSS (211 MB against 209 MB; 229 MB for
-its events repeated 5x either way)."""
+2.25-2.5 s of CPU against 4 MB ones. But the split holds about two pieces of text while DuckDB
+types the one before: once ingest stopped loading pyarrow and its DuckDB limits came down
+(``ingest.DEFAULT_INGEST_MEMORY_LIMIT``), that was the peak of a long trace. With 16 MB pieces
+df_index_resolver's events repeated 5x peaked at 201 MB against 153 MB for the original (1.31x);
+with 8 MB pieces at 172 MB (1.12x), the original unchanged."""
 HEAD_LIMIT = 256 << 20
 """Text read looking for ``traceEvents`` before a file is declared not a Kineto trace."""
 CUT_TRIES = 16
