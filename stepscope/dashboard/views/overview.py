@@ -98,7 +98,8 @@ def findings_list(findings: list) -> None:
 
 def _evidence(finding: dict) -> None:
     """A finding's rule, severity, ranks and evidence."""
-    st.caption(f"rule `{finding['rule']}` ({finding['severity']}), ranks {', '.join(map(str, finding['ranks'])) or 'n/a'}")
+    ranks = ", ".join(map(str, finding["ranks"])) or "n/a"
+    st.caption(f"rule `{finding['rule']}` ({finding['severity']}), ranks {ranks}")
     st.json(finding["evidence"])
 
 
@@ -175,7 +176,8 @@ def _timeline_drawn(root: str, run: str, fingerprint: str, step: int, ranks: tup
     step, ranks): the :data:`TIMELINE_MAX_BARS` longest segments with their labels and times in ms
     since the step's first start, that start, the parts present (in the catalogue's order) and how
     many segments were left out; the analysis's :class:`Absent` as it is. Kept small: a step of
-    1,024 ranks has a million segments, which a new session should not copy and convert again."""
+    1,024 ranks has a million segments, which a new session should not copy and convert again;
+    and only the columns the chart encodes, which the browser decodes and Vega copies per bar."""
     segments = ctx.analysis(step_timeline, step=step)
     if isinstance(segments, Absent):
         return segments
@@ -192,9 +194,10 @@ def _timeline_drawn(root: str, run: str, fingerprint: str, step: int, ranks: tup
         keep = data["dur_ns"].nlargest(TIMELINE_MAX_BARS).index
         cut = len(data) - len(keep)
         data = data.loc[keep]
-    data = data.assign(label=data["part"].map({name: leaf.label for name, leaf in leaves.items()}),
-                       start_ms=(data["t0_ns"] - origin) / NS_PER_MS, end_ms=(data["t1_ns"] - origin) / NS_PER_MS,
-                       dur_ms=data["dur_ns"] / NS_PER_MS)
+    labels = {name: leaf.label for name, leaf in leaves.items()}
+    data = pd.DataFrame({"rank": data["rank"], "label": data["part"].map(labels),
+                         "start_ms": (data["t0_ns"] - origin) / NS_PER_MS,
+                         "end_ms": (data["t1_ns"] - origin) / NS_PER_MS, "dur_ms": data["dur_ns"] / NS_PER_MS})
     return data, origin, order, cut
 
 
@@ -236,6 +239,7 @@ def breakdown_charts(steps, parts: tuple[Part, ...], key: str) -> None:
     long["ms"] = long["ns"] / NS_PER_MS
     long["step_ms"] = long["dur_ns"] / NS_PER_MS
     long["order"] = long["part_col"].map({c: i for i, c in enumerate(labels)})
+    long = long[["rank", "step", "part", "ms", "step_ms", "order"]]  # what the charts encode: no more is sent
     color = alt.Color("part:N", title="part", sort=list(labels.values()), legend=alt.Legend(labelLimit=0, orient="bottom", columns=3),
                       scale=alt.Scale(domain=list(labels.values()), range=[p.color for p in parts]))
     order = alt.Order("order:Q")
@@ -319,7 +323,7 @@ def _step_time_chart() -> None:
         times = ns_to_ms(select(frame(times), ctx, step=None))
     if times.empty:
         return
-    chart(alt.Chart(times).mark_line(point=True).encode(
+    chart(alt.Chart(times[["rank", "step", "wall_ms", "profiled"]]).mark_line(point=True).encode(  # what it encodes
         x=alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1)),
         y=alt.Y("wall_ms:Q", title="step time (ms)"),
         # Past 16 ranks a legend is noise: one colour, one line per rank, the rank in the tooltip.
