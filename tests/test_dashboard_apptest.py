@@ -8,6 +8,7 @@ from the raw JSON (events, collectives, copies), the page is checked against tha
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -60,11 +61,18 @@ def app_for(root: Path | str, monkeypatch: pytest.MonkeyPatch, **query: str) -> 
     return at
 
 
-def open_page(root: Path | str, page: str, monkeypatch: pytest.MonkeyPatch, **query: str) -> AppTest:
+def open_page(root: Path | str, page: str, monkeypatch: pytest.MonkeyPatch, *, opened: tuple[str, ...] = (),
+              **query: str) -> AppTest:
+    """``page`` after its first render, with the lazy expanders keyed ``opened`` open (their
+    content is drawn only then: ``_view.on_demand``)."""
     at = app_for(root, monkeypatch, **query)
     at.run()
     at.switch_page(f"views/{page}.py")
     at.run()
+    if opened:
+        for key in opened:
+            at.session_state[key] = True
+        at.run()
     return at
 
 
@@ -124,6 +132,10 @@ def test_overview_shows_the_step_breakdown(shared_store: Path, monkeypatch: pyte
 
     at = open_page(shared_store, "overview", monkeypatch, run="dfir")
     assert_clean(at)
+    assert not at.dataframe and not at.json  # the first render: no table or evidence until opened
+    at = open_page(shared_store, "overview", monkeypatch, run="dfir",
+                   opened=("gpu_table", "gpu_totals_table", "finding:0"))
+    assert_clean(at)
     with open_store(shared_store) as store:
         expected = step_breakdown(store, "dfir").to_pandas()
         totals = rank_totals(store, "dfir").to_pandas().iloc[0]
@@ -144,11 +156,12 @@ def test_overview_shows_the_step_breakdown(shared_store: Path, monkeypatch: pyte
     assert any("communication transfers exposed" in m and "mostly all_reduce in backward" in m for m in messages)
     first = next(m for m in messages if "·" in m)
     assert first.startswith(f"**{duration(verdict['findings'][0]['time_at_stake_ns'])}/step")
+    assert [json.loads(j.value) for j in at.json] == [verdict["findings"][0]["evidence"]]  # the one opened
 
 
 @pytest.mark.shared
 def test_overview_step_filter_selects_rows(shared_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    at = open_page(shared_store, "overview", monkeypatch, run="dfir", steps="3-4")
+    at = open_page(shared_store, "overview", monkeypatch, run="dfir", steps="3-4", opened=("gpu_table",))
     assert_clean(at)
     assert list(table_with(at, "comm_exposed_ms")["step"]) == [3, 4]
     assert at.query_params["steps"] in ("3-4", ["3-4"])
@@ -354,7 +367,7 @@ def test_overview_plots_every_timed_step(tmp_path: Path, monkeypatch: pytest.Mon
     rows = [{"source": source, "step": s, "start_ns": s * 10**8, "wall_ns": (50 + s) * 10**6, "gpu_ns": None,
              "profiled": s in (7, 8), "tokens": 1024, "samples": 4} for s in range(12)]
     write_partition(root, "step_times", "cpu", 0, source, pa.Table.from_pylist(rows, schema=STEP_TIMES))
-    at = open_page(root, "overview", monkeypatch)
+    at = open_page(root, "overview", monkeypatch, opened=("step_times_table",))
     assert_clean(at)
     shown = table_with(at, "step", "wall_ms", "profiled")
     assert sorted(shown["step"]) == list(range(12))

@@ -7,7 +7,7 @@ divided by a constant so that axes read in ms, GB/s and GiB. The constants are
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,8 +18,8 @@ import streamlit as st
 from stepscope.analysis.absent import Absent
 from stepscope.units import GIB, NS_PER_MS, unit_for_key
 
-__all__ = ["GIB", "NS_PER_MS", "bar_width", "chart", "data_table", "frame", "guarded", "ns_to_ms", "shown",
-           "with_units"]
+__all__ = ["GIB", "NS_PER_MS", "bar_width", "chart", "data_table", "frame", "guarded", "ns_to_ms", "on_demand",
+           "shown", "with_units"]
 
 
 @contextmanager
@@ -32,6 +32,17 @@ def guarded(section: str) -> Iterator[None]:
     except Exception as exc:  # noqa: BLE001 - the point: a section's failure stays in its section
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         st.error(f"{section}: {type(exc).__name__}: {first}", icon=":material/error:")
+
+
+def on_demand(label: str, key: str, draw: Callable[[], None], *, icon: str | None = None) -> None:
+    """A collapsed expander whose content is computed and sent only while it is open (Streamlit's
+    lazy expander: opening it reruns the fragment it is in, else the page). A table or a finding's
+    evidence nobody opened costs neither the server its frame nor the browser a data grid, so a
+    page's first render is what it shows first (issue 20). ``key`` holds the open state in
+    ``st.session_state`` (unique on the page)."""
+    with st.expander(label, key=key, icon=icon, on_change="rerun") as box:
+        if box.open:
+            draw()
 
 
 def shown(value: Any, what: str = "") -> bool:

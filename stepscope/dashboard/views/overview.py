@@ -3,6 +3,8 @@ goes per rank and per step, and the step time over the run."""
 
 from __future__ import annotations
 
+import functools
+
 import altair as alt
 import pandas as pd
 import streamlit as st
@@ -17,7 +19,7 @@ from stepscope.dashboard._critical_path import critical_path_layer
 from stepscope.dashboard._data import context
 from stepscope.dashboard._perfetto import MAX_INLINE_BYTES, open_button_html, rank_trace, trace_seconds
 from stepscope.dashboard._filters import select
-from stepscope.dashboard._view import NS_PER_MS, chart, data_table, frame, guarded, ns_to_ms, shown
+from stepscope.dashboard._view import NS_PER_MS, chart, data_table, frame, guarded, ns_to_ms, on_demand, shown
 from stepscope.units import duration, percent, size
 
 SEVERITY_ICON = {"critical": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
@@ -73,18 +75,32 @@ def show_verdict() -> list:
                     icon=":material/info:")
         else:
             st.success("No finding: no cause costs 1 ms per step or more.", icon=":material/check:")
-    for f in findings[:VERDICT_FINDINGS]:
+    findings_list(findings)
+    return findings
+
+
+@st.fragment
+def findings_list(findings: list) -> None:
+    """Each finding's line, its rule and evidence drawn when opened (a fragment: opening one
+    reruns this list, not the page)."""
+    for i, f in enumerate(findings[:VERDICT_FINDINGS]):
         stake = f.get("time_at_stake_ns")
         cost = f"{duration(stake)}/step" if stake is not None else "not a time"
         share = f" ({percent(100 * f['share_of_step'])} of the mean step)" if f.get("share_of_step") is not None else ""
-        with st.expander(f"**{cost}{share}** · {f['message']}", icon=SEVERITY_ICON.get(f["severity"])):
-            st.caption(f"rule `{f['rule']}` ({f['severity']}), ranks {', '.join(map(str, f['ranks'])) or 'n/a'}")
-            st.json(f["evidence"])
+        on_demand(f"**{cost}{share}** · {f['message']}", f"finding:{i}", functools.partial(_evidence, f),
+                  icon=SEVERITY_ICON.get(f["severity"]))
     if len(findings) > VERDICT_FINDINGS:
-        with st.expander(f"{len(findings) - VERDICT_FINDINGS} more findings"):
-            data_table(pd.DataFrame([{"rule": f["rule"], "at stake per step": f.get("time_at_stake_ns"),
-                                      "message": f["message"]} for f in findings[VERDICT_FINDINGS:]]))
-    return findings
+        rest = findings[VERDICT_FINDINGS:]
+        on_demand(f"{len(rest)} more findings", "more_findings", lambda: data_table(pd.DataFrame(
+            [{"rule": f["rule"], "at stake per step": f.get("time_at_stake_ns"), "message": f["message"]}
+             for f in rest])))
+
+
+def _evidence(finding: dict) -> None:
+    """A finding's rule, severity, ranks and evidence."""
+    ranks = ", ".join(map(str, finding["ranks"])) or "n/a"
+    st.caption(f"rule `{finding['rule']}` ({finding['severity']}), ranks {ranks}")
+    st.json(finding["evidence"])
 
 
 def _metrics(parts: list, what: str) -> None:
@@ -160,7 +176,8 @@ def _timeline_drawn(root: str, run: str, fingerprint: str, step: int, ranks: tup
     step, ranks): the :data:`TIMELINE_MAX_BARS` longest segments with their labels and times in ms
     since the step's first start, that start, the parts present (in the catalogue's order) and how
     many segments were left out; the analysis's :class:`Absent` as it is. Kept small: a step of
-    1,024 ranks has a million segments, which a new session should not copy and convert again."""
+    1,024 ranks has a million segments, which a new session should not copy and convert again;
+    and only the columns the chart encodes, which the browser decodes and Vega copies per bar."""
     segments = ctx.analysis(step_timeline, step=step)
     if isinstance(segments, Absent):
         return segments
@@ -177,9 +194,10 @@ def _timeline_drawn(root: str, run: str, fingerprint: str, step: int, ranks: tup
         keep = data["dur_ns"].nlargest(TIMELINE_MAX_BARS).index
         cut = len(data) - len(keep)
         data = data.loc[keep]
-    data = data.assign(label=data["part"].map({name: leaf.label for name, leaf in leaves.items()}),
-                       start_ms=(data["t0_ns"] - origin) / NS_PER_MS, end_ms=(data["t1_ns"] - origin) / NS_PER_MS,
-                       dur_ms=data["dur_ns"] / NS_PER_MS)
+    labels = {name: leaf.label for name, leaf in leaves.items()}
+    data = pd.DataFrame({"rank": data["rank"], "label": data["part"].map(labels),
+                         "start_ms": (data["t0_ns"] - origin) / NS_PER_MS,
+                         "end_ms": (data["t1_ns"] - origin) / NS_PER_MS, "dur_ms": data["dur_ns"] / NS_PER_MS})
     return data, origin, order, cut
 
 
@@ -221,6 +239,7 @@ def breakdown_charts(steps, parts: tuple[Part, ...], key: str) -> None:
     long["ms"] = long["ns"] / NS_PER_MS
     long["step_ms"] = long["dur_ns"] / NS_PER_MS
     long["order"] = long["part_col"].map({c: i for i, c in enumerate(labels)})
+    long = long[["rank", "step", "part", "ms", "step_ms", "order"]]  # what the charts encode: no more is sent
     color = alt.Color("part:N", title="part", sort=list(labels.values()), legend=alt.Legend(labelLimit=0, orient="bottom", columns=3),
                       scale=alt.Scale(domain=list(labels.values()), range=[p.color for p in parts]))
     order = alt.Order("order:Q")
@@ -246,6 +265,76 @@ def breakdown_charts(steps, parts: tuple[Part, ...], key: str) -> None:
             st.caption(f"{data['rank'].nunique()} ranks: hover a bar for its rank.")
 
 
+@st.fragment
+def breakdown_section(analysis, breakdown, what: str, caption: str | None = None) -> None:
+    """One breakdown's charts and its table (drawn when opened), for the selected ranks and steps
+    (a fragment: choosing a rank or a step, or opening the table, reruns this section alone)."""
+    with guarded(what):
+        steps = ctx.analysis(analysis)
+        if not shown(steps, what):
+            return
+        steps = select(frame(steps), ctx)
+        if steps.empty:
+            st.info("No steps of the selected ranks fall in the step range.")
+            return
+        if caption:
+            st.caption(caption)
+        breakdown_charts(steps, tuple(breakdown.leaves()), breakdown.name)
+        on_demand(f"{what} table (ms)", f"{breakdown.name}_table", lambda: data_table(ns_to_ms(steps)))
+
+
+@st.fragment
+def gpu_totals() -> None:
+    """HTA-style whole-trace totals per rank, drawn when opened (ranks without GPU events: the
+    reason instead)."""
+    with guarded("GPU totals"):
+        totals = ctx.analysis(rank_totals)
+        if not shown(totals, "GPU totals"):
+            return
+        totals = ns_to_ms(select(frame(totals), ctx))
+        with_gpu = totals[totals["absent_reason"].isna()]
+        if with_gpu.empty:
+            for reason in sorted(set(totals["absent_reason"].dropna())):
+                st.info(f"GPU totals: {reason}", icon=":material/info:")
+        else:
+            on_demand("Whole-trace GPU totals per rank (HTA definitions)", "gpu_totals_table",
+                      lambda: data_table(with_gpu))
+
+
+@st.fragment
+def step_time_over_run() -> None:
+    """Every step the collector timed (step_times) when the run has them, else the profiled
+    steps' windows; the table drawn when opened."""
+    with guarded("Step time over the run"):
+        _step_time_chart()
+
+
+def _step_time_chart() -> None:
+    """The step-time chart and its table."""
+    times = ctx.analysis(step_times)
+    if isinstance(times, Absent):
+        windows = ctx.analysis(step_windows)
+        if not shown(windows, "Step times"):
+            return
+        st.caption(f"Profiled steps only ({times.reason}; the collector's step timer records every step).")
+        times = ns_to_ms(select(frame(windows), ctx)).rename(columns={"dur_ms": "wall_ms"})
+        times["profiled"] = True
+    else:
+        times = ns_to_ms(select(frame(times), ctx, step=None))
+    if times.empty:
+        return
+    chart(alt.Chart(times[["rank", "step", "wall_ms", "profiled"]]).mark_line(point=True).encode(  # what it encodes
+        x=alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1)),
+        y=alt.Y("wall_ms:Q", title="step time (ms)"),
+        # Past 16 ranks a legend is noise: one colour, one line per rank, the rank in the tooltip.
+        color=alt.Color("rank:N", title="rank") if times["rank"].nunique() <= 16 else alt.value("#4C78A8"),
+        detail="rank:N",
+        tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("step:Q"),
+                 alt.Tooltip("wall_ms:Q", title="step (ms)", format=",.3f"), alt.Tooltip("profiled:N")],
+    ).properties(height=280))
+    on_demand("Step times table (ms)", "step_times_table", lambda: data_table(times))
+
+
 st.subheader("Verdict")
 found: list = []
 with guarded("Verdict"), st.spinner("Evaluating the findings rules..."):
@@ -255,68 +344,15 @@ st.subheader("One step across ranks")
 with guarded("Step timeline"):
     show_timeline(found)
 
-def breakdown_section(analysis, breakdown, what: str, caption: str | None = None) -> None:
-    """One breakdown's charts and table, for the selected ranks and steps."""
-    steps = ctx.analysis(analysis)
-    if not shown(steps, what):
-        return
-    steps = select(frame(steps), ctx)
-    if steps.empty:
-        st.info("No steps of the selected ranks fall in the step range.")
-        return
-    if caption:
-        st.caption(caption)
-    breakdown_charts(steps, tuple(breakdown.leaves()), breakdown.name)
-    with st.expander(f"{what} table (ms)"):
-        data_table(ns_to_ms(steps))
-
-
 st.subheader("Where each step's GPU time goes")
-with guarded("GPU step breakdown"):
-    breakdown_section(step_breakdown, GPU, "Step breakdown")
+breakdown_section(step_breakdown, GPU, "Step breakdown")
 
 st.subheader("Where each step's host (CPU) time goes")
-with guarded("Host step breakdown"):
-    *claiming, rest = HOST.parts
-    breakdown_section(host_breakdown, HOST, "Host breakdown",
-                      "Over all of the rank's threads; an instant goes to the first of these active, in this order: "
-                      f"{', '.join(p.label for p in claiming)}; {rest.label}: none of them.")
+*claiming, rest = HOST.parts
+breakdown_section(host_breakdown, HOST, "Host breakdown",
+                  "Over all of the rank's threads; an instant goes to the first of these active, in this order: "
+                  f"{', '.join(p.label for p in claiming)}; {rest.label}: none of them.")
+gpu_totals()
 
-# HTA-style whole-trace totals per rank (ranks without GPU events: the reason instead).
-with guarded("GPU totals"):
-    totals = ctx.analysis(rank_totals)
-    if shown(totals, "GPU totals"):
-        totals = ns_to_ms(select(frame(totals), ctx))
-        with_gpu = totals[totals["absent_reason"].isna()]
-        if with_gpu.empty:
-            for reason in sorted(set(totals["absent_reason"].dropna())):
-                st.info(f"GPU totals: {reason}", icon=":material/info:")
-        else:
-            with st.expander("Whole-trace GPU totals per rank (HTA definitions)"):
-                data_table(with_gpu)
-
-# Step time over the whole run: every step the collector timed (step_times) when the run has
-# them, else the profiled steps' windows.
 st.subheader("Step time over the whole run")
-with guarded("Step time over the run"):
-    times = ctx.analysis(step_times)
-    if isinstance(times, Absent):
-        windows = ctx.analysis(step_windows)
-        if shown(windows, "Step times"):
-            st.caption(f"Profiled steps only ({times.reason}; the collector's step timer records every step).")
-            times = ns_to_ms(select(frame(windows), ctx)).rename(columns={"dur_ms": "wall_ms"})
-            times["profiled"] = True
-    else:
-        times = ns_to_ms(select(frame(times), ctx, step=None))
-    if not isinstance(times, Absent) and not times.empty:
-        chart(alt.Chart(times).mark_line(point=True).encode(
-            x=alt.X("step:Q", title="step", axis=alt.Axis(format="d", tickMinStep=1)),
-            y=alt.Y("wall_ms:Q", title="step time (ms)"),
-            # Past 16 ranks a legend is noise: one colour, one line per rank, the rank in the tooltip.
-            color=alt.Color("rank:N", title="rank") if times["rank"].nunique() <= 16 else alt.value("#4C78A8"),
-            detail="rank:N",
-            tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("step:Q"),
-                     alt.Tooltip("wall_ms:Q", title="step (ms)", format=",.3f"), alt.Tooltip("profiled:N")],
-        ).properties(height=280))
-        with st.expander("Step times table (ms)"):
-            data_table(times)
+step_time_over_run()
