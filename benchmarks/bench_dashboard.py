@@ -106,7 +106,9 @@ SMALL = ("small8", ("hta/trace_filter/sampled_rank-0.json.gz", "hta/trace_filter
 BROWSER_TARGETS_S = {"first open: verdict and first chart": 3.0, "reopened: whole page": 1.0}
 PAGE_JS = """
 (() => {
-  const body = document.body ? document.body.innerText : '';
+  // textContent, not innerText: innerText lays the page out on every poll (0.3-3 s of layout
+  // and style work per open, every 50 ms), which is the probe's cost, not the page's.
+  const body = document.body ? document.body.textContent : '';
   const status = document.querySelector('[data-testid="stStatusWidget"]');
   return JSON.stringify({
     verdict: body.includes('the mean step over') || body.includes('No step time'),
