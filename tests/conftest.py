@@ -274,10 +274,10 @@ def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
 def _streamlit_components_scanned_once() -> Iterator[None]:
     """Streamlit's installed-component scan, done once per test process instead of once per AppTest.
 
-    Every ``AppTest`` run first discovers Streamlit components by parsing the metadata of every
-    installed distribution (~110 in the test environment: 1-1.5 s of CPU, more than rendering
-    a page of a small trace), and the suite starts an AppTest in well over a hundred tests. What
-    is installed cannot change during a test run, so the first scan's answer is every scan's.
+    Every ``AppTest`` first discovers Streamlit components by parsing the metadata of every
+    installed distribution (114 in the test environment: ~1 s of CPU, more than drawing any page
+    of a small trace), and about a hundred tests start an AppTest. What is installed cannot
+    change during a test run, so the first scan's answer is every scan's.
     Patched only where a test module already imported Streamlit (collection imports the AppTest
     modules); a Streamlit without this scanner runs its own scan each time, as before."""
     if "streamlit" not in sys.modules:
