@@ -270,6 +270,31 @@ def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
     return check
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _streamlit_components_scanned_once() -> Iterator[None]:
+    """Streamlit's installed-component scan, done once per test process instead of once per AppTest.
+
+    Every ``AppTest`` first discovers Streamlit components by parsing the metadata of every
+    installed distribution (114 in the test environment: ~1 s of CPU, more than drawing any page
+    of a small trace), and about a hundred tests start an AppTest. What is installed cannot
+    change during a test run, so the first scan's answer is every scan's.
+    Patched only where a test module already imported Streamlit (collection imports the AppTest
+    modules); a Streamlit without this scanner runs its own scan each time, as before."""
+    if "streamlit" not in sys.modules:
+        yield
+        return
+    try:
+        from streamlit.components.v2 import manifest_scanner
+    except ImportError:
+        yield
+        return
+    scan = manifest_scanner.scan_component_manifests
+    found = functools.cache(lambda: list(scan()))
+    manifest_scanner.scan_component_manifests = lambda max_workers=None: list(found())
+    yield
+    manifest_scanner.scan_component_manifests = scan
+
+
 @pytest.fixture(autouse=True)
 def _keep_main_module() -> Iterator[None]:
     """Put ``sys.modules["__main__"]`` back after every test.

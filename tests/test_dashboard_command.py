@@ -80,13 +80,22 @@ def test_demo_opens_the_dashboard(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert served == [(tmp_path / "s", "127.0.0.1", 8600)]
 
 
-def test_demo_prints_each_runs_first_screen_as_summary_does(tmp_path, capsys) -> None:
+def test_demo_prints_each_runs_first_screen_as_summary_does(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
     """The demo prints, for every sample run, the verdict screen that ``stepscope summary``
-    opens with (the same text, from the same analysis), not a table of its own."""
+    opens with (the same text, from the same analysis), not a table of its own.
+
+    The store starts as the session's store of every sample run (ingested once per test run,
+    no analysis cache): the demo's ingest of them is the ingest that built it
+    (``ingest_paths([folder], store, folder.name)``), and the demo run twice reuses its store,
+    so the demo finds every trace stored and computes each verdict afresh. Its ingest into an
+    empty store is test_demo_no_dashboard_prints_and_returns'."""
     from stepscope.cli import main
     from stepscope.store import open_store
+    from tests._dashboard_stores import build_sample_store
+    from tests.conftest import copy_store
 
-    store = tmp_path / "demo"
+    store = copy_store(build_sample_store(tmp_path_factory), tmp_path / "demo")
     assert main(["demo", "--no-dashboard", "--store", str(store)]) == 0
     out = capsys.readouterr().out
     with open_store(store) as opened:

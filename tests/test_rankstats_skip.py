@@ -13,10 +13,11 @@ that lack one input or another (no GPU, no memory events, no pipeline, no events
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
-from stepscope.store import engine, rankstats
+from stepscope.store import engine, open_store, rankstats
 from stepscope.store.ingest import ingest_paths
 from tests.conftest import SHARED_TRACES
 
@@ -38,24 +39,33 @@ SHARED = [
 """Shared traces with GPU work but no memory events or pipeline, or without GPU work, or tiny."""
 
 
-def _traces(tmp_path: Path) -> list[Path]:
-    paths = [REPO / s for s in SAMPLES]
+def _stores(tmp_path: Path, ingested: Callable[[str], Path]) -> dict[str, Path]:
+    """Each trace's name -> its store (run ``t``, the trace alone): the shared traces' from the
+    session's ingest of them (``ingested``), the others ingested here."""
+    stores = {}
+    for k, trace in enumerate([*(REPO / s for s in SAMPLES), _empty_trace(tmp_path)]):
+        report = ingest_paths([trace], tmp_path / f"store{k}", "t")
+        assert report.ok, report.errors
+        stores[trace.name] = tmp_path / f"store{k}"
     if SHARED_TRACES.is_dir():
-        paths += [SHARED_TRACES / s for s in SHARED if (SHARED_TRACES / s).is_file()]
+        stores |= {Path(s).name: ingested(s) for s in SHARED if (SHARED_TRACES / s).is_file()}
+    return stores
+
+
+def _empty_trace(tmp_path: Path) -> Path:
     empty = tmp_path / "empty.json"
     empty.write_text('{"schemaVersion": 1, "traceEvents": []}')
-    return [*paths, empty]
+    return empty
 
 
-def _trace_connection(trace: Path, store: Path):
+def _trace_connection(store: Path):
     """A connection whose views hold the one trace of ``store`` (as ingest computes its tables)."""
-    report = ingest_paths([trace], store, "t")
-    assert report.ok, report.errors
-    (stored,) = report.stored
+    with open_store(store) as opened:
+        [stored] = opened.sql("SELECT rank, source FROM sources WHERE run = 't'").to_pylist()
     con = engine.connect(limit="512MB", threads=1)
-    parts = {t: store / t / "run=t" / f"rank={stored.rank}" / f"part-{stored.source}.parquet"
+    parts = {t: store / t / "run=t" / f"rank={stored['rank']}" / f"part-{stored['source']}.parquet"
              for t in ("events", "steps", "memory")}
-    rankstats.trace_views(con, parts, "t", stored.rank)
+    rankstats.trace_views(con, parts, "t", stored["rank"])
     rankstats.prepare(con, "t")
     return con
 
@@ -64,10 +74,11 @@ def _columns(con, query: str) -> list[tuple[str, str]]:
     return [(r[0], r[1]) for r in con.execute(f"DESCRIBE {query}", rankstats.params(query, "t")).fetchall()]
 
 
-def test_tables_whose_input_is_absent_have_no_rows_and_the_declared_columns(tmp_path: Path) -> None:
+def test_tables_whose_input_is_absent_have_no_rows_and_the_declared_columns(
+        tmp_path: Path, ingested: Callable[[str], Path]) -> None:
     skipped: set[str] = set()
-    for k, trace in enumerate(_traces(tmp_path)):
-        con = _trace_connection(trace, tmp_path / f"store{k}")
+    for name, store in _stores(tmp_path, ingested).items():
+        con = _trace_connection(store)
         has = rankstats.present(con, "t")
         for table in rankstats.TABLES:
             if table.needs is None:
@@ -78,14 +89,15 @@ def test_tables_whose_input_is_absent_have_no_rows_and_the_declared_columns(tmp_
                 skipped.add(table.name)
                 (rows,) = con.execute(f"SELECT count(*) FROM ({table.query})",
                                       rankstats.params(table.query, "t")).fetchone()
-                assert rows == 0, f"{trace.name}: {table.name} has {rows} rows although its input is absent"
+                assert rows == 0, f"{name}: {table.name} has {rows} rows although its input is absent"
         con.close()
     # every table that can be skipped was skipped on some trace (else the check above proved nothing)
     assert skipped == {t.name for t in rankstats.TABLES if t.needs is not None}
 
 
 def test_queries_give_the_real_query_where_the_input_is_present(tmp_path: Path) -> None:
-    con = _trace_connection(REPO / SAMPLES[1], tmp_path / "store")
+    assert ingest_paths([REPO / SAMPLES[1]], tmp_path / "store", "t").ok
+    con = _trace_connection(tmp_path / "store")
     chosen = dict(rankstats.queries(con, "t"))
     by_name = {t.name: t for t in rankstats.TABLES}
     assert list(chosen) == list(by_name)

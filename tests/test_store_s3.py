@@ -23,7 +23,7 @@ moto_server = pytest.importorskip("moto.server")
 
 from stepscope.analysis.summary import build_summary  # noqa: E402
 from stepscope.store import open_store  # noqa: E402
-from stepscope.store.ingest import ingest_paths  # noqa: E402
+from stepscope.store.ingest import IngestReport, ingest_paths  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "sample_traces" / "gloo-3ranks-late"
@@ -74,11 +74,25 @@ def _summary(store: Path | str, run: str) -> dict[str, Any]:
         return build_summary(opened, run)
 
 
-def test_ingest_into_s3_answers_as_locally(s3: Any, tmp_path: Path) -> None:
-    local = tmp_path / "local"
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample ingested into a local folder (run ``late``), once for the tests that compare
+    the object store with it: the independent side; they only read it."""
+    root = tmp_path_factory.mktemp("local") / "store"
+    assert ingest_paths([SAMPLE], root, "late").ok
+    return root
+
+
+@pytest.fixture(scope="module")
+def ingested_to_s3(s3: Any) -> tuple[str, IngestReport]:
+    """The sample ingested into the object store (run ``late``) and the ingest's report, once for
+    the tests that read it (the answers, other engines); none of them writes to it."""
     url = "s3://stepscope-test/ingest"
-    assert ingest_paths([SAMPLE], local, "late").ok
-    report = ingest_paths([SAMPLE], url, "late")
+    return url, ingest_paths([SAMPLE], url, "late")
+
+
+def test_ingest_into_s3_answers_as_locally(s3: Any, local: Path, ingested_to_s3: tuple[str, IngestReport]) -> None:
+    url, report = ingested_to_s3
     assert report.ok, report.errors
     assert [t.rank for t in report.stored] == [0, 1, 2]
     # the same parts at the same keys (the layout is the store's, unchanged)
@@ -91,7 +105,7 @@ def test_ingest_into_s3_answers_as_locally(s3: Any, tmp_path: Path) -> None:
     assert again.ok and all(t.skipped for t in again.stored)
 
 
-def test_commands_read_an_s3_store(s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_commands_read_an_s3_store(s3: Any, local: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from stepscope.cli import main
     from stepscope.render import html_report
@@ -107,8 +121,6 @@ def test_commands_read_an_s3_store(s3: Any, tmp_path: Path, capsys: pytest.Captu
     assert main(["sql", "SELECT rank, count(*) AS n FROM events GROUP BY rank ORDER BY rank", "--store", url,
                  "--format", "json"]) == 0
     counted = json.loads(capsys.readouterr().out)
-    local = tmp_path / "local"
-    assert ingest_paths([SAMPLE], local, "late").ok
     with open_store(local) as opened:
         assert counted == opened.sql("SELECT rank, count(*) AS n FROM events GROUP BY rank ORDER BY rank").to_pylist()
     assert main(["summary", "--store", url, "--run", "late", "--format", "json"]) == 0
@@ -175,14 +187,14 @@ def test_a_held_lock_is_waited_for_and_an_expired_one_taken_over(s3: Any, monkey
     assert not s3.exists("stepscope-test/lock/.commit.lock")
 
 
-def test_polars_and_duckdb_read_the_layout_over_s3(s3: Any) -> None:
+def test_polars_and_duckdb_read_the_layout_over_s3(s3: Any, ingested_to_s3: tuple[str, IngestReport]) -> None:
     """Other engines read the store unchanged: Polars' own S3 client, and DuckDB through fsspec,
     with the hive partitioning docs/SCALE.md gives."""
     polars = pytest.importorskip("polars")
     import duckdb
 
-    url = "s3://stepscope-test/readers"
-    assert ingest_paths([SAMPLE], url, "late").ok
+    url, report = ingested_to_s3
+    assert report.ok, report.errors
     with open_store(url) as opened:
         expected = sorted(tuple(r.values()) for r in opened.sql(
             "SELECT rank, count(*) AS n FROM events GROUP BY rank").to_pylist())
