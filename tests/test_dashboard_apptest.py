@@ -133,9 +133,11 @@ def test_overview_shows_the_step_breakdown(shared_store: Path, monkeypatch: pyte
     at = open_page(shared_store, "overview", monkeypatch, run="dfir")
     assert_clean(at)
     assert not at.dataframe and not at.json  # the first render: no table or evidence until opened
+    assert not at.get("iframe")  # nor the rank's whole trace, which the Perfetto button carries
     at = open_page(shared_store, "overview", monkeypatch, run="dfir",
-                   opened=("gpu_table", "gpu_totals_table", "finding:0"))
+                   opened=("gpu_table", "gpu_totals_table", "finding:0", "perfetto"))
     assert_clean(at)
+    assert len(at.get("iframe")) == 1  # opened: the rank's trace, handed to Perfetto in one click
     with open_store(shared_store) as store:
         expected = step_breakdown(store, "dfir").to_pandas()
         totals = rank_totals(store, "dfir").to_pandas().iloc[0]

@@ -164,10 +164,18 @@ def show_timeline(findings: list) -> None:
                + ("Thin black bars: the step's critical path, rank by rank. " if path is not None else "")
                + (f"{cut:,} segments shorter than the {TIMELINE_MAX_BARS:,} drawn are left out. " if cut else "")
                + "Each bar is one stretch of one part (the step breakdown's rules, over time).")
+    on_demand("Open a rank's trace in Perfetto", "perfetto", functools.partial(_perfetto_picker, lanes, int(step)),
+              icon=":material/open_in_new:")
+
+
+def _perfetto_picker(lanes: list[int], step: int) -> None:
+    """The rank to open and its button. On demand: the button carries the rank's whole trace
+    (inline, up to ``MAX_INLINE_BYTES``: 4 MB of base64 for df_index_resolver), which every
+    render of the page would otherwise build and send."""
     left, right = st.columns([1, 3])
-    rank = int(left.selectbox("Open a rank's trace", lanes, key="timeline_rank"))
+    rank = int(left.selectbox("Rank", lanes, key="timeline_rank"))
     with right:
-        open_in_perfetto(rank, int(step))
+        open_in_perfetto(rank, step)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
