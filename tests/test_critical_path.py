@@ -425,6 +425,17 @@ def test_on_time_removes_a_rank_s_occasional_lateness() -> None:
     assert [s.predicted_ns / MS for s in result.steps] == pytest.approx([12] * 5)
 
 
+def test_on_time_takes_at_least_the_typical_excess() -> None:
+    """Rank 1 is 20 ms late in every step, 0.5 ms more in step 3; rank 0 is descheduled for 35 ms
+    in step 4. Rank 1's busiest step (3) maps to rank 0's busiest (46 ms), which alone would
+    leave it all its lateness (32.5 ms predicted); at least its median excess (31 - 11 ms) comes
+    off, as off every other step (in step 4, where rank 1 reached nothing last, off all its host
+    time: its last 1 ms too)."""
+    arrivals = [(10, 30), (10, 30), (10, 30), (10, 30.5), (45, 30)]
+    result = replay(_all_reduce_steps(arrivals), "t", [parse_change("rank 1: on time")])
+    assert [s.predicted_ns / MS for s in result.steps] == pytest.approx([12, 12, 12, 12.5, (47 + 46 + 11 / 31) / 2])
+
+
 def test_a_balanced_pipeline_is_on_time() -> None:
     """Two stages as busy as each other (15 ms each outside their waits): stage 1 sends its
     gradient 9 ms after stage 0 posted the recv, the backward that any 1F1B's first stage waits
