@@ -166,7 +166,8 @@ def _held(g: StepGraph, m: Mark) -> bool:
 def _stretches(rs: RankStep) -> list[int]:
     """The host time before each of the rank's marks and, last, before its step's end (ns): what
     the replay walks between marks (a wait's own time is not host time)."""
-    out, at = [], rs.start
+    out: list[int] = []
+    at = rs.start
     for m in rs.marks:
         out.append(max(m.t - at, 0))
         at = max(at, m.t) if m.kind == "issue" else m.t_end
