@@ -13,7 +13,10 @@ matrix products), then all ranks all-reduce a tensor; ``--late-rank`` first slee
 ``--ranks 2 --late-rank 1 --device-ms 10`` is what benchmarks/bench_whatif.py records for its
 what-if pair: no more ranks than the machine's two cores, and every rank off the CPU for 10 ms a
 step, as a GPU rank's host waiting for its device is, so that the even run's ranks do not queue
-for cores that the late run's sleeping rank left free.
+for cores that the late run's sleeping rank left free. With ``--alternate`` one recording holds
+both runs: the late rank sleeps, and the ``--comm-mb`` buffer is twice as large, in odd steps
+only, so the two configurations' steps interleave and see the same machine (the bench compares
+odd steps with even ones).
 """
 
 from __future__ import annotations
@@ -51,21 +54,31 @@ class LateRun:
     host spends waiting for its device, which takes no CPU. With it the ranks are off the CPU most
     of the step, as a GPU job's hosts are, so three ranks on a 2-core machine do not take each
     other's cores the way three always-busy ranks do (benchmarks/bench_whatif.py)."""
+    alternate: bool = False
+    """The late rank sleeps, and the extra buffer is twice ``comm_mb``, in odd steps only (even
+    steps: no sleep, ``comm_mb``): both configurations in one recording."""
+
+    def changed(self, index: int) -> bool:
+        """Whether step ``index`` (0-based, as the profiler numbers it) is a changed one: every
+        step, or the odd ones with :attr:`alternate`."""
+        return not self.alternate or index % 2 == 1
 
 
-def step(weights: torch.Tensor, data: torch.Tensor, rank: int, cfg: LateRun, extra: torch.Tensor | None) -> None:
-    """The device's time (``--device-ms``), a little compute, the late rank's sleep, then the
-    all-reduce everyone waits in (and the extra buffer's, when ``--comm-mb`` asks for one)."""
+def step(weights: torch.Tensor, data: torch.Tensor, rank: int, cfg: LateRun, extra: torch.Tensor | None,
+         changed: bool) -> None:
+    """The device's time (``--device-ms``), a little compute, the late rank's sleep (in a
+    ``changed`` step), then the all-reduce everyone waits in (and the extra buffer's, when
+    ``--comm-mb`` asks for one: with ``--alternate``, its first half in an unchanged step)."""
     if cfg.device_ms > 0:
         time.sleep(cfg.device_ms / 1000)
     out = data
     for _ in range(4):
         out = torch.tanh(out @ weights)
-    if rank == cfg.late_rank and cfg.sleep_ms > 0:
+    if rank == cfg.late_rank and cfg.sleep_ms > 0 and changed:
         time.sleep(cfg.sleep_ms / 1000)
     dist.all_reduce(out)
     if extra is not None:
-        dist.all_reduce(extra)
+        dist.all_reduce(extra if changed or not cfg.alternate else extra[: extra.numel() // 2])
 
 
 def train_rank(rank: int, world_size: int, port: int, cfg: LateRun) -> None:
@@ -77,12 +90,13 @@ def train_rank(rank: int, world_size: int, port: int, cfg: LateRun) -> None:
         gen = torch.Generator().manual_seed(rank)
         weights = torch.randn(128, 128, generator=gen) / 12
         data = torch.randn(64, 128, generator=gen)
-        extra = torch.ones(int(cfg.comm_mb * 2**20) // 4) if cfg.comm_mb > 0 else None
+        floats = int(cfg.comm_mb * 2**20) // 4 * (2 if cfg.alternate else 1)
+        extra = torch.ones(floats) if cfg.comm_mb > 0 else None
         with stepscope.profile(store=cfg.store, run=cfg.run, wait=1, warmup=1, active=cfg.steps - 2, repeat=1,
                                trace_dir=cfg.trace_dir, strict=True, record_shapes=True, profile_memory=False,
                                tags={"example": "late_rank_gloo"}) as prof:
-            for _ in range(cfg.steps):
-                step(weights, data, rank, cfg, extra)
+            for index in range(cfg.steps):
+                step(weights, data, rank, cfg, extra, cfg.changed(index))
                 prof.step()
     finally:
         dist.destroy_process_group()
@@ -105,10 +119,12 @@ def main() -> None:
                         help="also all-reduce a buffer of this many megabytes every step")
     parser.add_argument("--device-ms", type=float, default=0.0,
                         help="every rank first sleeps this long each step (a GPU's time: no CPU taken)")
+    parser.add_argument("--alternate", action="store_true",
+                        help="the late rank sleeps, and the --comm-mb buffer is twice as large, in odd steps only")
     args = parser.parse_args()
     cfg = LateRun(store=args.store, run=args.run_name, late_rank=args.late_rank, sleep_ms=args.sleep_ms,
                   steps=args.steps, trace_dir=args.trace_dir, comm_mb=args.comm_mb,
-                  device_ms=args.device_ms)
+                  device_ms=args.device_ms, alternate=args.alternate)
     train(cfg, args.ranks)
     print(f"run {args.run_name!r} ({args.ranks} ranks) is in {Path(args.store)}")
 

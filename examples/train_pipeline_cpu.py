@@ -19,7 +19,16 @@ Megatron-LM does): the step's one meeting point, where stages that finished earl
 there are more ranks than cores (three on two), slowing their own work and their gloo
 transfers; ``--slow-kind sleep`` instead sleeps ``--slow-ms`` per layer in the stage's forward
 and twice that in its backward, delaying its neighbours without taking their CPU, as a GPU
-stage on its own device would (what ``benchmarks/bench_whatif.py`` validates ``on time`` with). Started plainly, the script spawns the ranks itself
+stage on its own device would. ``--device-ms M`` makes every stage sleep ``M`` per layer in its
+forward and twice that in its backward (the sleep kind's slow stage ``M + --slow-ms``): a GPU
+stage's device time, during which its host takes no CPU. ``benchmarks/bench_whatif.py``
+validates ``on time`` with a sleeping stage 1 against the balanced run, both with
+``--device-ms``: the two runs' stages then compute the same and all sleep between their
+computations (on 2 shared cores, a stage that never sleeps computes at another speed than one
+woken from a sleep: the sleeping stage's own compute took 60% longer than the balanced run's).
+With ``--alternate`` the slow stage is slow in odd steps only: both runs in one recording, their
+steps interleaved, so that both see the same machine.
+Started plainly, the script spawns the ranks itself
 (``mp.spawn``); under ``torchrun`` each process is one rank. One thread per rank: it runs on two
 cores. ``sample_traces/pp-*`` were recorded with it (sample_traces/README.md).
 """
@@ -72,20 +81,27 @@ class PipelineRun:
     slow_factor: int = 64
     slow_kind: str = "compute"
     slow_ms: float = 6.0
+    device_ms: float = 0.0
+    """Every stage's sleep per layer in its forward (twice in its backward): a GPU stage's device
+    time (0: none)."""
+    alternate: bool = False
+    """The slow stage is slow in odd steps only (even steps: balanced): both runs in one recording."""
     trace_dir: str | None = None
 
 
 class SlowDown(nn.Module):
     """An extra matrix product through a ``factor`` times wider hidden layer whose result is added
-    times zero: the stage's output is unchanged, only its forward (and backward) take longer."""
+    times zero: the stage's output is unchanged, only its forward (and backward) take longer; none
+    of it while not ``slowed`` (:func:`set_slowed`)."""
 
     def __init__(self, d_model: int, factor: int) -> None:
         super().__init__()
         self.up = nn.Linear(d_model, d_model * factor)
         self.down = nn.Linear(d_model * factor, d_model)
+        self.slowed = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + 0.0 * self.down(torch.tanh(self.up(x)))
+        return x + 0.0 * self.down(torch.tanh(self.up(x))) if self.slowed else x
 
 
 class _Sleep(torch.autograd.Function):
@@ -105,23 +121,40 @@ class _Sleep(torch.autograd.Function):
 
 
 class SleepDown(nn.Module):
-    """A slow stage that takes no CPU: sleeps ``ms`` in the forward, ``2 * ms`` in the backward."""
+    """Time that takes no CPU (a GPU's): sleeps ``ms`` in the forward, ``2 * ms`` in the backward,
+    ``slow_ms`` more (twice in the backward) while ``slowed`` (:func:`set_slowed`)."""
 
-    def __init__(self, ms: float) -> None:
+    def __init__(self, ms: float, slow_ms: float = 0.0) -> None:
         super().__init__()
-        self.seconds = ms / 1000
+        self.seconds, self.slow_seconds = ms / 1000, slow_ms / 1000
+        self.slowed = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _Sleep.apply(x, self.seconds)
+        return _Sleep.apply(x, self.seconds + (self.slow_seconds if self.slowed else 0.0))
 
 
 SLOW_KINDS = ("compute", "sleep")
-"""``--slow-kind`` choices (:func:`slow_module`)."""
+"""``--slow-kind`` choices (:func:`after_layer`)."""
 
 
-def slow_module(cfg: PipelineRun) -> nn.Module:
-    """The slow stage's extra module: :class:`SleepDown` for the sleep kind, else :class:`SlowDown`."""
-    return SleepDown(cfg.slow_ms) if cfg.slow_kind == "sleep" else SlowDown(cfg.d_model, cfg.slow_factor)
+def after_layer(cfg: PipelineRun, index: int) -> nn.Module | None:
+    """What stage ``index`` runs after each layer: its device time (``--device-ms``) as one
+    :class:`SleepDown`, the sleep kind's slow stage sleeping ``--slow-ms`` longer in the same one
+    (so it wakes as often as the other stages); the compute kind's slow stage also a
+    :class:`SlowDown`. None when nothing."""
+    slow = cfg.slow_stage == index
+    slow_ms = cfg.slow_ms if slow and cfg.slow_kind == "sleep" else 0.0
+    chain: list[nn.Module] = [SleepDown(cfg.device_ms, slow_ms)] if cfg.device_ms + slow_ms > 0 else []
+    if slow and cfg.slow_kind == "compute":
+        chain.append(SlowDown(cfg.d_model, cfg.slow_factor))
+    return nn.Sequential(*chain) if chain else None
+
+
+def set_slowed(module: nn.Module, on: bool) -> None:
+    """Whether the slow stage's extra work runs in the next step (``--alternate``: odd steps only)."""
+    for m in module.modules():
+        if isinstance(m, (SleepDown, SlowDown)):
+            m.slowed = on
 
 
 class Stage(nn.Module):
@@ -138,7 +171,7 @@ class Stage(nn.Module):
                                        norm_first=True)
             for _ in range(cfg.layers_per_stage)
         )
-        self.slow = slow_module(cfg) if cfg.slow_stage == index else None
+        self.after = after_layer(cfg, index)
         if self.last:
             self.norm = nn.LayerNorm(cfg.d_model)
             self.head = nn.Linear(cfg.d_model, cfg.vocab)
@@ -149,8 +182,8 @@ class Stage(nn.Module):
             x = self.embed(x) + self.pos[: x.shape[1]]
         for block in self.blocks:
             x = block(x, src_mask=self.mask, is_causal=True)
-            if self.slow is not None:
-                x = self.slow(x)
+            if self.after is not None:
+                x = self.after(x)
         return self.head(self.norm(x)) if self.last else x
 
 
@@ -197,7 +230,8 @@ def train_rank(rank: int, world_size: int, port: int | None, cfg: PipelineRun) -
                                      "microbatches": str(cfg.microbatches),
                                      "slow_stage": "" if cfg.slow_stage is None else str(cfg.slow_stage),
                                      "slow_kind": "" if cfg.slow_stage is None else cfg.slow_kind}) as prof:
-            for _ in range(cfg.steps):
+            for index in range(cfg.steps):
+                set_slowed(module, not cfg.alternate or index % 2 == 1)
                 tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq + 1), generator=data)
                 inputs, targets = tokens[:, :-1], tokens[:, 1:]
                 optimizer.zero_grad(set_to_none=True)
@@ -239,13 +273,17 @@ def main() -> None:
                         help="compute: the extra product (takes CPU from the other ranks on a shared host); "
                              "sleep: --slow-ms per layer in the forward, twice in the backward (takes none)")
     parser.add_argument("--slow-ms", type=float, default=6.0, help="the sleep kind's forward sleep per layer")
+    parser.add_argument("--device-ms", type=float, default=0.0,
+                        help="every stage sleeps this per layer in its forward, twice in its backward (a GPU's time)")
+    parser.add_argument("--alternate", action="store_true",
+                        help="the slow stage is slow in odd steps only, balanced in even ones")
     parser.add_argument("--trace-dir", default=None, help="also keep the exported Kineto JSON here")
     args = parser.parse_args()
     cfg = PipelineRun(store=args.store, run=args.run_name, schedule=args.schedule,
                       microbatches=args.microbatches, steps=args.steps, wait=args.wait,
                       warmup=args.warmup, active=args.active, slow_stage=args.slow_stage,
                       slow_factor=args.slow_factor, slow_kind=args.slow_kind, slow_ms=args.slow_ms,
-                      trace_dir=args.trace_dir)
+                      device_ms=args.device_ms, alternate=args.alternate, trace_dir=args.trace_dir)
     if cfg.batch % cfg.microbatches:
         parser.error(f"--microbatches must divide the batch ({cfg.batch})")
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: this process is one rank

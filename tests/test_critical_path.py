@@ -4,6 +4,7 @@ shared traces with steps. The edges are checked against a plain-Python pass over
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 from collections import defaultdict
@@ -16,7 +17,7 @@ import pytest
 
 from stepscope.analysis.critical_path import (Collective, Mark, RankStep, RunGraph, Segments, StepGraph,
                                               step_paths, transfer_end)
-from stepscope.analysis.replay import _shrinks, parse_change, replay, replay_step, volume_costs, what_if
+from stepscope.analysis.replay import busy_ns, on_time_excess, parse_change, replay, replay_step, volume_costs, what_if
 from stepscope.cli import main
 from stepscope.errors import Inconclusive, StoreError, UsageError
 from stepscope.store import open_store
@@ -144,6 +145,21 @@ def test_late_rank_on_time_removes_the_sleep(store: Any) -> None:
     slower = what_if(store, "gloo-3ranks-late", ["rank 0: compute_ops*3"])
     assert faster is not None and slower is not None
     assert faster.predicted_ns < faster.unchanged_ns and slower.predicted_ns >= slower.unchanged_ns
+
+
+def test_whatif_replays_the_chosen_steps_alone(store: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--step``: the chosen steps only, and ``on time`` learns from them alone: rank 2's
+    excess in step 2 is then over its peers' median in that step (3.4 ms predicted), not over the
+    same quantile of their four steps (2.8 ms)."""
+    assert main(["whatif", "--store", str(store.root), "--run", "gloo-3ranks-late", "--step", "2",
+                 "--change", "rank 2: on time", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    alone = what_if(store, "gloo-3ranks-late", ["rank 2: on time"], steps={2})
+    assert [s["step"] for s in out["steps"]] == [2] and alone is not None
+    assert out["predicted_ns"] == round(alone.predicted_ns)
+    every = what_if(store, "gloo-3ranks-late", ["rank 2: on time"])
+    assert every is not None and round(next(p for p in every.steps if p.step == 2).predicted_ns) != out["predicted_ns"]
+    assert what_if(store, "gloo-3ranks-late", steps={99}) is None
 
 
 @pytest.mark.parametrize("text", ["bogus*2", "compute", "on time", "rank x: on time"])
@@ -357,18 +373,86 @@ def test_a_gloo_send_waited_for_late_does_not_hold_its_host() -> None:
         pytest.approx((rank0 + rank1) / 2 * MS)
 
 
-def test_on_time_shrinks_the_host_time_since_the_last_wait_that_held() -> None:
-    """Rank 0 reached send B 20 ms after rank 1 had posted its recv. Its host time before it runs
-    from the step's start (its wait for send A held nothing): 25 ms over three stretches, all
-    shrunk by 20 / 25, not only the 4.9 ms after the last wait mark (which left it 15 ms late)."""
+def test_on_time_takes_the_excess_busy_time_off_the_late_rank() -> None:
+    """Rank 0 reached send B 20 ms after rank 1 had posted its recv. Its host time outside its
+    waits is 29.4 ms (30 less its two waits' 0.1 and 0.5 ms), rank 1's 9 ms (30 less 0.1 and
+    20.9): on time, rank 0 is 20.4 ms less busy, taken off the 24.9 ms of host time that led to
+    send B (from the step's start: its wait for send A held nothing), every stretch of it."""
     g = _pinned_send_graph()
-    factors = _shrinks(g, g.ranks[0])
-    assert factors == pytest.approx({0: 0.2, 1: 0.2, 2: 0.2})
-    # rank 0 reaches send B at (1 + 19 + 4.9) * 0.2 + 0.1 (its wait for send A) = 5.08 ms, as
-    # rank 1 posted its recv; the last 0.5 ms before its wait fits in the 1 ms transfer; both
-    # ranks end 4 ms after it
+    assert (busy_ns(g.ranks[0]), busy_ns(g.ranks[1])) == (int(29.4 * MS), 9 * MS)
+    assert on_time_excess([g], frozenset({0})) == pytest.approx({(0, 0): 20.4 * MS})
+    # rank 0 reaches send B at 4.5 ms of host time plus its 0.1 ms wait for send A; rank 1 has
+    # waited there since 5 ms: the 1 ms transfer from 5 ms (rank 0's 0.5 ms of host work before
+    # its wait fits in it), then both ranks' last 4 ms
     predicted = replay_step(g, _AllCompute(), {}, [parse_change("rank 0: on time")])
-    assert predicted == pytest.approx((5.08 + 1 + 4) * MS)
+    assert predicted == pytest.approx((5 + 1 + 4) * MS)
+
+
+def _all_reduce_steps(arrivals: Sequence[tuple[float, float]]) -> RunGraph:
+    """Two gloo ranks, one step per pair of arrivals (ms): each rank works until its arrival, then
+    both all-reduce (1 ms after the later arrival) and work 1 ms more."""
+    graphs = {}
+    for step, pair in enumerate(arrivals):
+        g = StepGraph(step, {}, defaultdict(list))
+        last = max(pair)
+        for rank, t in enumerate(pair):
+            c = Collective(rank, int(t * MS), int((last + 1) * MS), (0, -1), True, "all_reduce", step)
+            g.ranks[rank] = RankStep(rank, 0, int((last + 2) * MS), [Mark("issue", c.ts, c.ts, c),
+                                                                   Mark("wait", c.ts, c.end, c, c.end)])
+            g.instances[step].append(c)
+        graphs[step] = g
+    return RunGraph(graphs, {}, _AllCompute())
+
+
+def test_on_time_keeps_a_spread_like_its_peers() -> None:
+    """Rank 1 arrives 20 ms after rank 0, 2 ms more in step 2; rank 0 2 ms later in step 4 (each
+    rank's own hiccup). On time, rank 1's steps are as busy as rank 0's in the same order (31 ms
+    against 11, its busiest, 33 ms, against rank 0's busiest, 13): 20 ms off every step, and
+    step 2 keeps its 2 ms as step 4 does, as in a run where both ranks are on time either one's
+    hiccup delays the other. Removing each step's whole lateness predicted 12 ms for step 2."""
+    arrivals = [(10, 30), (10, 30), (10, 32), (10, 30), (12, 30)]
+    result = replay(_all_reduce_steps(arrivals), "t", [parse_change("rank 1: on time")])
+    assert [s.predicted_ns / MS for s in result.steps] == pytest.approx([12, 12, 14, 12, 14])
+
+
+def test_on_time_removes_a_rank_s_occasional_lateness() -> None:
+    """Rank 1 is 30 ms late in step 2 only. Its busiest step maps to rank 0's busiest (11 ms):
+    on time, step 2 takes 12 ms as the others do (one median excess over the steps would be 0,
+    and keep it at 42 ms)."""
+    arrivals = [(10, 10), (10, 10), (10, 40), (10, 10), (10, 10)]
+    result = replay(_all_reduce_steps(arrivals), "t", [parse_change("rank 1: on time")])
+    assert [s.measured_ns / MS for s in result.steps] == pytest.approx([12, 12, 42, 12, 12])
+    assert [s.predicted_ns / MS for s in result.steps] == pytest.approx([12] * 5)
+
+
+def test_on_time_takes_at_least_the_typical_excess() -> None:
+    """Rank 1 is 20 ms late in every step, 0.5 ms more in step 3; rank 0 is descheduled for 35 ms
+    in step 4. Rank 1's busiest step (3) maps to rank 0's busiest (46 ms), which alone would
+    leave it all its lateness (32.5 ms predicted); at least its median excess (31 - 11 ms) comes
+    off, as off every other step (in step 4, where rank 1 reached nothing last, off all its host
+    time: its last 1 ms too)."""
+    arrivals = [(10, 30), (10, 30), (10, 30), (10, 30.5), (45, 30)]
+    result = replay(_all_reduce_steps(arrivals), "t", [parse_change("rank 1: on time")])
+    assert [s.predicted_ns / MS for s in result.steps] == pytest.approx([12, 12, 12, 12.5, (47 + 46 + 11 / 31) / 2])
+
+
+def test_a_balanced_pipeline_is_on_time() -> None:
+    """Two stages as busy as each other (15 ms each outside their waits): stage 1 sends its
+    gradient 9 ms after stage 0 posted the recv, the backward that any 1F1B's first stage waits
+    for. On time changes nothing; removing that lateness (the earlier definition) took stage 1's
+    backward off and predicted 16 ms instead of 25."""
+    g = StepGraph(0, {r: RankStep(r, 0, 25 * MS) for r in (0, 1)}, defaultdict(list))
+    _, recv_a = _p2p(g, -1, (0, 9, 10), (1, 1, 10))
+    send_b, recv_b = _p2p(g, -2, (1, 19, 20), (0, 10, 20))
+    _wait(g, recv_a, 1, 10)
+    _wait(g, recv_b, 10, 20)
+    _wait(g, send_b, 19, 20)
+    for rs in g.ranks.values():
+        rs.marks.sort(key=lambda m: (m.t, m.kind != "issue"))
+    assert busy_ns(g.ranks[0]) == busy_ns(g.ranks[1]) == 15 * MS
+    assert on_time_excess([g], frozenset({1})) == {(1, 0): 0.0}
+    assert replay_step(g, _AllCompute(), {}, []) == 25 * MS
+    assert replay_step(g, _AllCompute(), {}, [parse_change("rank 1: on time")]) == 25 * MS
 
 
 def _all_reduces(sizes_mib: Sequence[int]) -> RunGraph:

@@ -29,8 +29,15 @@ Changes (``--change`` of ``stepscope whatif``, :func:`parse_change`):
 
 - ``PART*F``: scale a part of the catalogue (GPU or host) by ``F`` on every rank; ``rank 3:
   PART*F`` (or ``rank 3,5: ...``) on those ranks only;
-- ``rank R: on time``: remove rank R's lateness: before each collective it arrived at after every
-  other member, its host time since its previous wait that held it shrinks by how late it was;
+- ``rank R: on time``: rank R as busy as its peers: in each step its **excess** (its host time
+  outside its waits, :func:`busy_ns`, less the peers' at the same quantile of their steps: its
+  least busy step against their least busy, ...; at least its median less theirs;
+  :func:`on_time_excess`) is taken off the host
+  time that led to the collectives it reached after every other member (since its previous wait
+  that held it), in proportion, or off all its host time in a step where it reached none last
+  (:func:`_shrinks`). Its steps keep their order and a spread like its peers', which in a run
+  where it is on time still delays them as often as theirs delays it
+  (:func:`on_time_excess` says why not all of its lateness);
 - ``copies hidden``: every exposed copy and memset part scaled to 0 (copies moved under compute);
 - ``no launch gaps``: the GPU's idle time scaled to 0 (the host always launched in time);
 - ``comm_volume*F`` (or ``rank 3: comm_volume*F``): every collective's message ``F`` times as
@@ -46,8 +53,8 @@ from __future__ import annotations
 import re
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from stepscope.analysis.critical_path import (Collective, Mark, RankStep, RunGraph, Segments, StepGraph, Unpaired,
                                               binding_members, last_arrival, run_graph, transfer_end)
@@ -126,8 +133,9 @@ class _Factors:
                 f *= c.factor
         return f
 
-    def on_time(self, rank: int) -> bool:
-        return any(c.on_time and rank in (c.ranks or ()) for c in self.changes)
+    def on_time(self) -> frozenset[int]:
+        """The ranks a change brings on time."""
+        return frozenset(r for c in self.changes if c.on_time for r in c.ranks or ())
 
 
 @dataclass
@@ -138,7 +146,7 @@ class _RankState:
     """Replayed time of the host at its measured time ``at``."""
     at: int = 0
     shrink: dict[int, float] = field(default_factory=dict)
-    """Mark index -> factor of the host time before it (on-time ranks)."""
+    """Mark index -> factor of the host time before it (a rank brought on time, :func:`_shrinks`)."""
     done: bool = False
 
 
@@ -155,28 +163,105 @@ def _held(g: StepGraph, m: Mark) -> bool:
     return done is not None and done > m.t
 
 
-def _shrinks(g: StepGraph, rs: RankStep) -> dict[int, float]:
-    """Mark index -> the factor of the host time before that mark (since the previous one) that
-    removes the rank's lateness: at each issue it arrived at after every other member, its host
-    time since the previous wait that held it (:func:`_held`; before it, the rank was held by
-    others) shrinks by how late it was, all of it when later than that; a stretch before several
-    such issues takes the smallest factor."""
-    out: dict[int, float] = {}
-    since, first = rs.start, 0
+def _stretches(rs: RankStep) -> list[int]:
+    """The host time before each of the rank's marks and, last, before its step's end (ns): what
+    the replay walks between marks (a wait's own time is not host time)."""
+    out: list[int] = []
+    at = rs.start
+    for m in rs.marks:
+        out.append(max(m.t - at, 0))
+        at = max(at, m.t) if m.kind == "issue" else m.t_end
+    out.append(max(rs.end - at, 0))
+    return out
+
+
+def busy_ns(rs: RankStep) -> int:
+    """The rank's host time in its step outside its waits: the time the replay scales, what ``on
+    time`` compares across ranks (:func:`on_time_excess`)."""
+    return sum(_stretches(rs))
+
+
+def _late_stretches(g: StepGraph, rs: RankStep) -> list[int]:
+    """The indices of the rank's host stretches (:func:`_stretches`) that led to a collective it
+    reached after every other member: from its previous wait that held it (:func:`_held`; before
+    it, others held the rank) to that issue."""
+    out: list[int] = []
+    first = 0
     for i, m in enumerate(rs.marks):
         if m.kind == "wait":
             if _held(g, m):
-                since, first = m.t_end, i + 1
+                first = i + 1
             continue
         others = ([c.arrival for c in g.instances.get(m.dep.inst, []) if c.rank != rs.rank]
                   if m.dep is not None and m.dep.inst is not None else [])
-        if not others:
-            continue
-        late = m.dep.arrival - max(others)
-        busy = m.t - since
-        if late > 0 and busy > 0:
-            for j in range(first, i + 1):
-                out[j] = min(out.get(j, 1.0), max(0.0, 1 - late / busy))
+        if others and m.dep.arrival > max(others):
+            out.extend(range(first, i + 1))
+            first = i + 1
+    return out
+
+
+def _shrinks(g: StepGraph, rs: RankStep, excess: float) -> dict[int, float]:
+    """Stretch index -> the factor that takes ``excess`` ns off the rank's host time in step ``g``:
+    off the stretches that led to collectives it reached last (:func:`_late_stretches`), in
+    proportion to their time, or off all of its host time when it reached none last (at least
+    0: a stretch never runs backwards)."""
+    times = _stretches(rs)
+    chosen = _late_stretches(g, rs) or list(range(len(times)))
+    total = sum(times[i] for i in chosen)
+    if excess <= 0 or total <= 0:
+        return {}
+    return dict.fromkeys(chosen, max(0.0, 1 - excess / total))
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``ordered`` (sorted), interpolated between its neighbours."""
+    x = q * (len(ordered) - 1)
+    i = int(x)
+    if i + 1 >= len(ordered):
+        return ordered[-1]
+    return ordered[i] + (ordered[i + 1] - ordered[i]) * (x - i)
+
+
+def on_time_excess(graphs: Iterable[StepGraph], ranks: frozenset[int]) -> dict[tuple[int, int], float]:
+    """(rank, step) -> how much busier each of ``ranks`` was in that step than its peers (every
+    rank not in ``ranks``) are in a step of the same rank: its k-th least busy step
+    (:func:`busy_ns`) against the same quantile of the peers' steps (one step: their median), and
+    at least its typical excess (its median less theirs) and 0 (ns); empty when no peer is
+    traced. So the rank brought on time is as busy as its peers, step by step in the same order:
+    its busiest steps stay its busiest, and its step-to-step variation becomes theirs.
+
+    Why not all of each step's lateness (the rank's arrival at each collective moved to its last
+    peer's): that also removes the rank's share of the run's random delays, which in a run where it
+    is on time still delay its peers as often as theirs delay it (2-rank late pairs were
+    predicted 0.81-0.98 of the even run's step that way; docs/ANALYSIS.md, Validation). Why busy
+    time and not the lateness at each collective: in a pipeline a stage is late at its
+    neighbour's receive by its own backward even when balanced (the first stage waits for the
+    last stage's gradients in any 1F1B), and removing that lateness removes work the balanced
+    run does too (tests/test_critical_path.py, ``test_a_balanced_pipeline_is_on_time``). Why a
+    quantile and not one median excess: a rank late in a few steps only (a hiccup every tenth
+    step) has a median excess of 0, while its late steps, mapped to its peers' busiest, lose
+    their hiccups. Why at least the median excess: on a loaded machine the peers' busiest steps
+    can be as busy as the late rank's (a peer descheduled for 40 ms), and the late rank's steps
+    mapped to them kept all their lateness (rank 1 kept 30 ms of sleep in 5 of 40 steps at
+    load 15-23)."""
+    mine: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    peers: list[int] = []
+    for g in graphs:
+        for r, rs in g.ranks.items():
+            if r in ranks:
+                mine[r].append((busy_ns(rs), g.step))
+            else:
+                peers.append(busy_ns(rs))
+    if not peers:
+        return {}
+    peers.sort()
+    out: dict[tuple[int, int], float] = {}
+    for r, steps in mine.items():
+        steps.sort()
+        typical = _quantile([b for b, _ in steps], 0.5) - _quantile(peers, 0.5)
+        for k, (busy, step) in enumerate(steps):
+            q = k / (len(steps) - 1) if len(steps) > 1 else 0.5
+            out[(r, step)] = max(busy - _quantile(peers, q), typical, 0.0)
     return out
 
 
@@ -209,21 +294,24 @@ def volume_costs(graphs: Iterable[StepGraph]) -> dict[str, float | None]:
 
 
 def replay_step(g: StepGraph, seg: Segments, shift: dict[int, int], changes: Sequence[Change],
-                per_byte: Mapping[str, float | None] | None = None) -> float:
+                per_byte: Mapping[str, float | None] | None = None,
+                excess: Mapping[tuple[int, int], float] | None = None) -> float:
     """The replayed step of graph ``g`` (mean over ranks of replayed end - start, ns); ``per_byte``
-    (:func:`volume_costs`) when a change scales the volume."""
+    (:func:`volume_costs`) when a change scales the volume; ``excess`` (:func:`on_time_excess`
+    over the run's steps) when a change brings ranks on time (None: over this step alone)."""
     f = _Factors(changes)
     states = {r: _RankState(rs, t=float(rs.start), at=rs.start) for r, rs in g.ranks.items()}
-    for st in states.values():
-        if f.on_time(st.rs.rank):
-            st.shrink = _shrinks(g, st.rs)
+    late = f.on_time()
+    if late:
+        excess = on_time_excess([g], late) if excess is None else excess
+        for r in late & g.ranks.keys():
+            states[r].shrink = _shrinks(g, g.ranks[r], excess.get((r, g.step), 0.0))
     arrive: dict[int, float] = {}
     ends: dict[int, float] = {}
 
     def host(st: _RankState, upto: int) -> None:
         r = st.rs.rank
-        k = st.shrink.get(st.i, 1.0)
-        st.t += k * _scaled(seg, f, r, "host", st.at, upto, shift.get(r, 0))
+        st.t += st.shrink.get(st.i, 1.0) * _scaled(seg, f, r, "host", st.at, upto, shift.get(r, 0))
         st.at = max(st.at, upto)
 
     def end_of(c: Collective, force: bool) -> float | None:
@@ -337,24 +425,31 @@ class WhatIf:
 
 
 def what_if(store: SQLStore, run: str, changes: Sequence[str | Change] = (),
-            ranks: Sequence[int] | None = None) -> WhatIf | None:
+            ranks: Sequence[int] | None = None, steps: Collection[int] | None = None) -> WhatIf | None:
     """Replay ``run``'s steps with ``changes`` (texts as ``--change`` takes them, or
-    :class:`Change`); None when the run has no step with a rank window."""
+    :class:`Change`); only ``steps`` when given: the excess of ``on time`` and the time per byte
+    of ``comm_volume`` are then the chosen steps' own (a run recorded with two configurations in
+    alternate steps answers for each from its own steps). None when no chosen step has a rank
+    window."""
     parsed = [c if isinstance(c, Change) else parse_change(c) for c in changes]
     rg = run_graph(store, run, ranks)
-    return replay(rg, run, parsed) if rg is not None else None
+    if rg is not None and steps is not None:
+        rg = replace(rg, graphs={s: g for s, g in rg.graphs.items() if s in steps})
+    return replay(rg, run, parsed) if rg is not None and rg.graphs else None
 
 
 def replay(rg: RunGraph, run: str, changes: Sequence[Change]) -> WhatIf:
     """Replay every step of ``rg`` unchanged and with ``changes`` (module docs)."""
     rg.segments.load(sorted({r for g in rg.graphs.values() for r in g.ranks}))
     per_byte = _fitted(rg, changes)
+    late = _Factors(changes).on_time()
+    excess = on_time_excess(rg.graphs.values(), late) if late else None
     steps = []
     for s in sorted(rg.graphs):
         g = rg.graphs[s]
         measured = sum(r.end - r.start for r in g.ranks.values()) / len(g.ranks)
         steps.append(StepPrediction(s, measured, replay_step(g, rg.segments, rg.shift, ()),
-                                    replay_step(g, rg.segments, rg.shift, changes, per_byte)))
+                                    replay_step(g, rg.segments, rg.shift, changes, per_byte, excess)))
     n = len(steps)
     by: dict[str, float] = defaultdict(float)
     for p in steps:

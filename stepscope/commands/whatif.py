@@ -19,9 +19,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", required=True, type=store_location, help="store folder or URL (s3://bucket/prefix)")
     parser.add_argument("--run", help="run name or id (default: the store's only run)")
     parser.add_argument("--rank", type=int, action="append", metavar="R", help="only this rank (repeat for several)")
+    parser.add_argument("--step", type=int, action="append", metavar="N",
+                        help="only this step (repeat for several): 'on time' and comm_volume then learn from these "
+                             "steps alone")
     parser.add_argument("--change", action="append", default=[], metavar="CHANGE",
-                        help="PART*FACTOR, 'rank R: PART*FACTOR', 'comm_volume*FACTOR', 'rank R: on time', 'copies hidden', "
-                             "'no launch gaps' (repeat for several)")
+                        help="PART*FACTOR, 'rank R: PART*FACTOR', 'comm_volume*FACTOR', 'copies hidden', "
+                             "'no launch gaps', or 'rank R: on time': R as busy as its peers, its k-th least busy "
+                             "step as theirs, its excess taken off the host time before the collectives it reached "
+                             "last (repeat for several)")
     parser.add_argument("--format", choices=("table", "json"), default="table")
 
 
@@ -33,9 +38,10 @@ def run(args: argparse.Namespace) -> int:
     changes = [parse_change(c) for c in args.change]
     with open_store(args.store) as store:
         run_id = resolve_run(store, args.run)
-        result = what_if(store, run_id, changes, args.rank)
+        result = what_if(store, run_id, changes, args.rank, args.step)
     if result is None:
-        raise Inconclusive(f"run {run_id}: no step windows, nothing to replay")
+        raise Inconclusive(f"run {run_id}: no step windows" + (f" among steps {args.step}" if args.step else "")
+                           + ", nothing to replay")
     if args.format == "json":
         print(json.dumps(result.to_json(), indent=2))
         return 0
