@@ -124,7 +124,10 @@ def noise_text(noise: Noise, unit: str) -> str:
         text = (f"run-to-run noise not measured ({runs}): assumed +-{format_value(noise.margin, unit)}; "
                 "a change that size could be noise it cannot see")
     else:
-        text = f"run-to-run noise +-{format_value(noise.margin, unit)} ({runs})"
+        explained = ""
+        if noise.spread is not None and noise.unexplained is not None and noise.unexplained < noise.spread:
+            explained = f"; the rest of their {format_value(noise.spread, unit)} spread is within what load adds"
+        text = f"run-to-run noise +-{format_value(noise.margin, unit)} ({runs}{explained})"
     return text + _load_text(noise)
 
 

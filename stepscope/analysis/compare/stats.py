@@ -275,10 +275,12 @@ class Noise:
     """How much a metric moves between runs of the same code, as far as these runs show.
 
     ``spread`` is the larger range (max - min) of the per-run values on either side (None when
-    neither side has two runs: not measured); ``margin`` is what the candidate's value may be off
-    by, either way: the spread, at least :data:`MIN_NOISE` of the baseline for a timed metric, or
-    :data:`UNSEEN_NOISE` of it when not measured. ``load`` (a step time in CPU time only) adds,
-    for each side, the fraction by which its value may be too high (:class:`Load`).
+    neither side has two runs: not measured). ``unexplained`` is the part of it that the runs'
+    load allowances do not explain (:func:`unexplained_range`; the spread itself without a
+    ``load``). ``margin`` is what the candidate's value may be off by, either way: ``unexplained``,
+    at least :data:`MIN_NOISE` of the baseline for a timed metric, or :data:`UNSEEN_NOISE` of it
+    when not measured. ``load`` (a step time in CPU time only) adds, for each side, the fraction by
+    which its value may be too high (:class:`Load`).
     """
 
     baseline_runs: int
@@ -286,6 +288,7 @@ class Noise:
     spread: float | None
     margin: float
     load: Load | None = None
+    unexplained: float | None = None
 
     @property
     def measured(self) -> bool:
@@ -303,18 +306,47 @@ class Noise:
 
     def to_json(self) -> dict[str, object]:
         return {"baseline_runs": self.baseline_runs, "candidate_runs": self.candidate_runs,
-                "measured": self.measured, "spread": self.spread, "margin": self.margin,
-                "load": None if self.load is None else self.load.to_json()}
+                "measured": self.measured, "spread": self.spread, "unexplained_spread": self.unexplained,
+                "margin": self.margin, "load": None if self.load is None else self.load.to_json()}
+
+
+def unexplained_range(values: Sequence[float], inflations: Sequence[float]) -> float:
+    """How far apart a side's runs are beyond what their load allowances explain.
+
+    Load only inflates a run's value, by up to its allowance ``f``, so each run says its code's
+    true value lies between ``value / (1 + f)`` and ``value``, give or take the noise that load
+    does not cause. Where these intervals overlap, the runs agree once the load is allowed for;
+    where they do not, the gap (the highest lower end over the lowest value) is noise the load
+    cannot account for, and the gate must allow it. Without load (every ``f`` 0) each interval is
+    a point and the gap is the plain range, so a quiet machine's noise is measured as before.
+
+    Why not the plain range under load: it counts the load twice. The bounds already allow each
+    side's most inflated run its whole allowance (:func:`~stepscope.analysis.compare.gate.change_bounds`),
+    and runs that one busy spell inflated by different amounts have a range made of that same
+    inflation: on this project's 2-core machine a baseline saved under load spread by 61 % of
+    its median, which hid a 4x slowdown (docs/ci.md). And the plain range of a side grows with
+    every run the pytest plugin adds to a grey result, so re-running widened the margin instead
+    of narrowing the doubt; the unexplained part grows only with runs the load does not explain.
+    """
+    lows = [v / (1.0 + f) for v, f in zip(values, inflations)]
+    return max(0.0, max(lows) - min(values))
 
 
 def run_noise(base: Sequence[float], cand: Sequence[float], *, timed: bool, load: Load | None = None) -> Noise:
     """The :class:`Noise` of a metric from its per-run values (each side at least one);
     ``timed``: a time or a rate measured from times, which the machine's load moves; ``load``:
-    each run's load, for a step time measured in CPU time."""
-    ranges = [max(side) - min(side) for side in (base, cand) if len(side) >= 2]
-    spread = max(ranges) if ranges else None
+    each run's load, for a step time measured in CPU time (its allowances shrink the measured
+    spread to the part they do not explain, :func:`unexplained_range`)."""
+    if load is None:
+        allowed = ((base, [0.0] * len(base)), (cand, [0.0] * len(cand)))
+    else:
+        allowed = ((base, run_inflations(load.baseline, load.baseline_preemption)),
+                   (cand, run_inflations(load.candidate, load.candidate_preemption)))
+    sides = [(side, inflations) for side, inflations in allowed if len(side) >= 2]
+    spread = max((max(side) - min(side) for side, _ in sides), default=None)
+    unexplained = max((unexplained_range(side, f) for side, f in sides), default=None)
     reference = abs(median(list(base)))
     if not timed:
-        return Noise(len(base), len(cand), spread, spread or 0.0)
-    margin = UNSEEN_NOISE * reference if spread is None else max(spread, MIN_NOISE * reference)
-    return Noise(len(base), len(cand), spread, margin, load)
+        return Noise(len(base), len(cand), spread, spread or 0.0, unexplained=unexplained)
+    margin = UNSEEN_NOISE * reference if unexplained is None else max(unexplained, MIN_NOISE * reference)
+    return Noise(len(base), len(cand), spread, margin, load, unexplained)
