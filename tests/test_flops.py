@@ -566,7 +566,8 @@ def test_skipped_kernels_from_ingest_and_from_events_match_the_range_join(ingest
     [(0, None), (5, 10)],  # an op without an end holds no call
     [(5, None), (0, 3)],
 ])
-def test_skipped_kernels_query_counts_each_kernel_once_however_the_ops_overlap(spans: list[tuple[int, int | None]]) -> None:
+def test_skipped_kernels_query_counts_each_kernel_once_however_the_ops_overlap(
+        spans: list[tuple[int, int | None]]) -> None:
     """The as-of join over islands of skipped ops finds what a plain count finds: each kernel
     whose launch call lies in (closed) any skipped op of its thread, once per family."""
     import duckdb
@@ -575,8 +576,8 @@ def test_skipped_kernels_query_counts_each_kernel_once_however_the_ops_overlap(s
 
     con = duckdb.connect()
     ops = [("mm", a, None if b is None else b - a) for a, b in spans] + [("conv", 0, 100)]
-    con.execute("CREATE TABLE ops (source VARCHAR, pid BIGINT, tid BIGINT, family VARCHAR, ts_ns BIGINT, dur_ns BIGINT, "
-                "leaf BOOLEAN, flops BIGINT, counted BOOLEAN, reason VARCHAR)")
+    con.execute("CREATE TABLE ops (source VARCHAR, pid BIGINT, tid BIGINT, family VARCHAR, ts_ns BIGINT, "
+                "dur_ns BIGINT, leaf BOOLEAN, flops BIGINT, counted BOOLEAN, reason VARCHAR)")
     con.executemany("INSERT INTO ops VALUES ('s', 1, 1, ?, ?, ?, TRUE, NULL, FALSE, NULL)",
                     [(family, a, d) for family, a, d in ops])
     calls = [(c, t) for c, t in enumerate((0, 3, 5, 10, 11, 20, 30, 45, 50, 60), start=1)]
@@ -586,8 +587,8 @@ def test_skipped_kernels_query_counts_each_kernel_once_however_the_ops_overlap(s
                     [(1, c, t) for c, t in calls] + [(2, 100 + c, t) for c, t in calls])  # thread 2: no skipped op
     con.executemany("INSERT INTO events VALUES ('r', 's', NULL, NULL, 'kernel', 'compute', ?, 1000, ?)",
                     [(c, 7 * c) for c, _ in calls] + [(100 + c, 1) for c, _ in calls])
-    got = {r[0]: (r[1], r[2]) for r in con.execute(
-        f"SELECT family, ops, kernel_ns FROM ({skipped_kernels_query('ops', ('source',), 'TRUE')})", {"run": "r"}).fetchall()}
+    query = f"SELECT family, ops, kernel_ns FROM ({skipped_kernels_query('ops', ('source',), 'TRUE')})"
+    got = {r[0]: (r[1], r[2]) for r in con.execute(query, {"run": "r"}).fetchall()}
     expected = {}
     for family in ("conv", "mm"):
         spans_of = [(a, None if d is None else a + d) for f, a, d in ops if f == family]

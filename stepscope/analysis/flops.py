@@ -148,8 +148,8 @@ def skipped_kernels(store: SQLStore, run: str, ranks: Sequence[int] | None = Non
                            EXCEPT SELECT source FROM rank_flop_skipped WHERE run = $run)"""
     if store.sql(f"SELECT count(*) > 0 AS any FROM rank_flop_ops WHERE run = $run AND {rf} AND {stale}",
                  params).to_pylist()[0]["any"]:
-        rows += store.sql(skipped_kernels_query("rank_flop_ops", ("rank", "source"), f"run = $run AND {rf} AND {stale}"),
-                          params).to_pylist()
+        recount = skipped_kernels_query("rank_flop_ops", ("rank", "source"), f"run = $run AND {rf} AND {stale}")
+        rows += store.sql(recount, params).to_pylist()
     launched = {(r["rank"], r["family"]) for r in rows if r["kernel_ns"] is not None}
     out: dict[tuple[int, str], tuple[int, int]] = {}
     for r in rows:

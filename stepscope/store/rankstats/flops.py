@@ -670,7 +670,9 @@ def skipped_kernels_query(ops: str, keys: Sequence[str], where: str) -> str:
     by = ", ".join(keys)
     same = " AND ".join(f"i.{k} = l.{k}" for k in keys)
     return f"""
-WITH skipped AS (SELECT {by}, pid, tid, family, ts_ns, ts_ns + dur_ns AS end_ns FROM {ops} WHERE {where} AND {SKIPPED_LEAF}),
+WITH skipped AS (
+    SELECT {by}, pid, tid, family, ts_ns, ts_ns + dur_ns AS end_ns FROM {ops} WHERE {where} AND {SKIPPED_LEAF}
+),
 counts AS (SELECT {by}, family, count(*) AS ops FROM skipped GROUP BY {by}, family),
 marked AS (
     SELECT *, coalesce(ts_ns > max(end_ns) OVER (PARTITION BY {by}, pid, tid, family ORDER BY ts_ns, end_ns
