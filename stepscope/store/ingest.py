@@ -56,9 +56,10 @@ DEFAULT_INGEST_MEMORY_LIMIT = "128MB"
 """DuckDB's memory for converting one trace (``--memory-limit`` or
 ``$STEPSCOPE_INGEST_MEMORY_LIMIT``); past it the conversion spills to the connection's private
 folder. DuckDB keeps what it is allowed: with 512MB, df_index_resolver (216k events, 54 MB of
-JSON) peaked at 204-213 MB of RSS in all, with 128MB (and the rank tables' 64MB) at 152-154 MB,
-for 0-10% more CPU (load 11-17, alternated runs). A trace is converted beside training (the
-collector converts on the rank's own host), where memory is what is short."""
+JSON) peaked at 205-213 MB of RSS in all, with 128MB (and the rank tables' 64MB, and 8 MB
+pieces) at 154-156 MB, for 12% more CPU (6.46 -> 7.25 s, medians of 3 alternated runs on a quiet
+machine). A trace is converted beside training (the collector converts on the rank's own host),
+where memory is what is short."""
 SMALL_TRACE_EVENTS = 50_000
 SMALL_TRACE_SKIPPED_OPTIMIZERS = "common_subexpressions,projection_pullup"
 """A trace of fewer events is converted without these two DuckDB optimizer passes. On a small
