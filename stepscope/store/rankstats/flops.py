@@ -506,8 +506,8 @@ _SPREAD: Mapping[str, tuple[str, ...]] = {
 """Per family, the columns ``_spread`` adds (from ``_shaped``'s)."""
 
 _PADDED: Mapping[str, tuple[str, ...]] = {
-    "matmul": tuple(f"list_concat(list_transform(range(greatest(len(mm_batch_a), len(mm_batch_b)) - len(mm_batch_{x})), "
-                    f"lambda r: 1::BIGINT), mm_batch_{x}) AS mm_p{x}" for x in "ab"),
+    "matmul": tuple(f"list_concat(list_transform(range(greatest(len(mm_batch_a), len(mm_batch_b)) "
+                    f"- len(mm_batch_{x})), lambda r: 1::BIGINT), mm_batch_{x}) AS mm_p{x}" for x in "ab"),
     "conv": (f"{_out_size('padding')} AS out_padded",
              f"{_out_size('list_transform(range(spatial), lambda r: 0)')} AS out_unpadded"),
 }
