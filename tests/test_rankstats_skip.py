@@ -140,3 +140,17 @@ def test_the_flop_rows_of_the_families_a_trace_holds_equal_those_of_every_family
     # what ingest runs for the trace is that statement
     [flop_rows] = next(t for t in rankstats.TABLES if t.name == "rank_flop_ops").shared
     assert flop_rows.statement(has) == materialize_flop_ops(frozenset(held))
+
+
+def test_the_flop_statement_of_every_set_of_families_binds(tmp_path: Path) -> None:
+    """Each of the statements a trace can get is well formed (the test above runs three of them)."""
+    assert ingest_paths([_empty_trace(tmp_path)], tmp_path / "store", "t").ok
+    con = _trace_connection(tmp_path / "store")
+    for k in range(1, 1 << len(FAMILIES)):
+        families = frozenset(f for i, f in enumerate(FAMILIES) if k >> i & 1)
+        statement = materialize_flop_ops(families)
+        con.execute(statement, rankstats.params(statement, "t"))
+        assert con.execute(f"SELECT count(*) FROM {FLOP_ROWS}").fetchone() == (0,), families
+    con.close()
+    with pytest.raises(ValueError):
+        materialize_flop_ops(frozenset())
