@@ -11,6 +11,9 @@ on a small trace that is nearly all of its ingest. So a table whose input the tr
 (``RankTable.needs``: no memory events, no FLOP op, no transfer, no pipeline action, ...) is not
 planned at all: :func:`queries` finds what the trace holds in one scan and gives such a table a
 query of no rows with its columns (``RankTable.columns``), which plans in a millisecond.
+Likewise a statement that tables share can be written for what the trace holds, found in the same
+scan (:class:`Specialised`): the FLOP rows' statement binds the formulas of the FLOP families the
+trace has ops of only (35 KB of SQL for all three, 14.6 KB for matrix products alone).
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ class RankTable:
     on traces without them); ``columns``: the query's columns and DuckDB types, the part written
     instead of planning the query then. None: always computed. ``shared``: statements making
     temporary tables the query reads with other tables' queries, run once before the first of
-    them is computed (not at all when every one is skipped)."""
+    them is computed (not at all when every one is skipped), each a text or written for what the
+    trace holds (:class:`Specialised`)."""
 
     name: str
     query: str
