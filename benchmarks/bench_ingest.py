@@ -192,9 +192,11 @@ def timed(owner, name, stage):
         try:
             return fn(*args, **kwargs)
         finally:
-            spent = SPENT[stage(*args) if callable(stage) else stage]
-            spent[0] += time.perf_counter() - w
-            spent[1] += time.process_time() - c
+            label = stage(*args) if callable(stage) else stage
+            if label is not None:  # None: not a stage of its own (a call with nothing to do)
+                spent = SPENT[label]
+                spent[0] += time.perf_counter() - w
+                spent[1] += time.process_time() - c
     setattr(owner, name, wrapper)
 
 timed(ingest, "read_trace", "read, gunzip, split (staging overlapped, its CPU included)")
@@ -202,8 +204,15 @@ timed(ingest.Stager, "close", "staging: what was left after the split")
 timed(dedupe, "same_trace", "duplicate check")
 timed(ingest, "convert", "checks, steps, facts")
 timed(ingest, "write_partition", lambda root, table, *rest: "part " + table)
+timed(ingest.engine, "connect", "DuckDB connection")
 timed(reduce, "present", "rank tables: what the trace holds")
 timed(rankstats, "prepare", "rank tables: the shared sweeps")
+def sharers(con, run, table, *rest):
+    return ("rank tables: statements shared by " + ", ".join(t.name for t in rankstats.TABLES
+                                                            if set(t.shared) & set(table.shared))
+            if table.shared else None)
+
+timed(reduce, "share", sharers)
 timed(atomic.AtomicBatch, "place", "parts put in place (fsync together, rename)")
 timed(sessions, "place", "commit: sessions and clashes")
 """

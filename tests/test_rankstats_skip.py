@@ -8,6 +8,9 @@ that lack one input or another (no GPU, no memory events, no pipeline, no events
   narrower than what the query reads);
 - the declared columns are exactly the query's columns and DuckDB types (so the empty part has
   the schema the computed one would have).
+
+Likewise the FLOP rows are computed by a statement written for the FLOP families the trace holds
+(``rankstats.Specialised``): it gives the rows the statement of every family gives.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import pytest
 
 from stepscope.store import engine, open_store, rankstats
 from stepscope.store.ingest import ingest_paths
+from stepscope.store.rankstats.flops import FAMILIES, FLOP_ROWS, materialize_flop_ops
 from tests.conftest import SHARED_TRACES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,3 +116,41 @@ def test_a_table_that_is_always_computed_has_no_empty_query() -> None:
     always = next(t for t in rankstats.TABLES if t.needs is None)
     with pytest.raises(ValueError):
         rankstats.no_rows(always)
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize(("relative", "families"), [
+    ("hta/trace_filter/sampled_rank-0.json.gz", {"matmul"}),
+    ("tracelens/mi300/resnet_act_checkpoint.json.gz", {"matmul", "conv"}),
+    ("tracelens/inference/xdit_flux.1_aiter_sage/profile_trace_rank_0.json.gz", {"matmul", "conv", "attention"}),
+])
+def test_the_flop_rows_of_the_families_a_trace_holds_equal_those_of_every_family(
+        ingested: Callable[[str], Path], relative: str, families: set[str]) -> None:
+    con = _trace_connection(ingested(relative))
+    has = rankstats.present(con, "t")
+    held = {family for family in FAMILIES if has[f"flop family {family}"]}
+    assert held == families
+    rows = []
+    for statement in (materialize_flop_ops(), materialize_flop_ops(frozenset(held))):
+        con.execute(statement, rankstats.params(statement, "t"))
+        rows.append(sorted(map(repr, con.execute(f"SELECT * FROM {FLOP_ROWS}").fetchall())))
+    con.close()
+    assert rows[0], "no FLOP rows: the comparison proved nothing"
+    assert rows[1] == rows[0]
+    # what ingest runs for the trace is that statement
+    [flop_rows] = next(t for t in rankstats.TABLES if t.name == "rank_flop_ops").shared
+    assert flop_rows.statement(has) == materialize_flop_ops(frozenset(held))
+
+
+def test_the_flop_statement_of_every_set_of_families_binds(tmp_path: Path) -> None:
+    """Each of the statements a trace can get is well formed (the test above runs three of them)."""
+    assert ingest_paths([_empty_trace(tmp_path)], tmp_path / "store", "t").ok
+    con = _trace_connection(tmp_path / "store")
+    for k in range(1, 1 << len(FAMILIES)):
+        families = frozenset(f for i, f in enumerate(FAMILIES) if k >> i & 1)
+        statement = materialize_flop_ops(families)
+        con.execute(statement, rankstats.params(statement, "t"))
+        assert con.execute(f"SELECT count(*) FROM {FLOP_ROWS}").fetchone() == (0,), families
+    con.close()
+    with pytest.raises(ValueError):
+        materialize_flop_ops(frozenset())

@@ -34,7 +34,8 @@ it has not been stored); it imports neither, nor torch, nor streamlit.
   windows and the step timeline are split by) and its step windows (``rank_step_windows``).
 """
 
-from stepscope.store.rankstats.reduce import (TABLES, RankTable, no_rows, params, prepare, present,  # noqa: E402
-                                              queries, share, trace_views)
+from stepscope.store.rankstats.reduce import (TABLES, RankTable, Specialised, no_rows, params,  # noqa: E402
+                                              prepare, present, queries, share, trace_views)
 
-__all__ = ["TABLES", "RankTable", "no_rows", "params", "prepare", "present", "queries", "share", "trace_views"]
+__all__ = ["TABLES", "RankTable", "Specialised", "no_rows", "params", "prepare", "present", "queries", "share",
+           "trace_views"]

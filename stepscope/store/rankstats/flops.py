@@ -55,6 +55,7 @@ the op's thread, inside the op) while it ran; ``tf32``: one of them is a TF32 ke
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -387,16 +388,19 @@ def _row(name: str, op: FlopOp) -> str:
                                                f.causal, f.mask_type, f.backward)) + ")"
 
 
-_REGISTRY = ("(VALUES " + ", ".join(_row(name, op) for name, op in FLOP_OPS.items())
-             + ") AS r(name, family, leaf, kind, tensors, ndims, a, b, bhle, causal, mask_type, backward)")
-""":data:`FLOP_OPS` as a relation: one row per op name."""
+def _registry(families: frozenset[str]) -> str:
+    """The ops of :data:`FLOP_OPS` of ``families`` as a relation: one row per op name."""
+    return ("(VALUES " + ", ".join(_row(name, op) for name, op in FLOP_OPS.items() if op.family in families)
+            + ") AS r(name, family, leaf, kind, tensors, ndims, a, b, bhle, causal, mask_type, backward)")
 
 
-def _figure() -> str:
-    """One CASE over the kinds, each distinct formula once."""
+def _figure(families: frozenset[str]) -> str:
+    """One CASE over the kinds of the ops of ``families``, each distinct formula once."""
+    used = {op.formula.kind for op in FLOP_OPS.values() if op.family in families}
     kinds: dict[str, list[str]] = {}
     for kind, sql in KINDS.items():
-        kinds.setdefault(sql, []).append(kind)
+        if kind in used:
+            kinds.setdefault(sql, []).append(kind)
     return "CASE " + " ".join(f"WHEN kind IN ({', '.join(_lit(k) for k in names)}) THEN {sql}"
                               for sql, names in kinds.items()) + " END"
 
@@ -442,36 +446,10 @@ _GRAD_OPS = "(" + ", ".join(_lit(f"{name}{part}") for name, op in FLOP_OPS.items
 """The gradient ops an old backward convolution calls (``_grads``)."""
 
 FLOP_ROWS = "_rank_flop_rows"
-"""The temporary table that holds a trace's FLOP ops once computed (:data:`MATERIALIZE_FLOP_OPS`):
+"""The temporary table that holds a trace's FLOP ops once computed (:func:`materialize_flop_ops`):
 ``rank_flop_ops`` and ``rank_flop_skipped`` both read it, so the big query is planned once."""
 
-MATERIALIZE_FLOP_OPS = f"""
-CREATE OR REPLACE TEMP TABLE {FLOP_ROWS} AS
-WITH RECURSIVE
-    _cand AS MATERIALIZED (
-        SELECT row_number() OVER (ORDER BY e.source, e.pid, e.tid, e.thread_label, e.ts_ns, e.dur_ns DESC, r.leaf, e.name)
-                 AS ord,
-               dense_rank() OVER (ORDER BY e.source, e.pid, e.tid, e.thread_label) AS thread,
-               e.source, e.pid, e.tid, e.thread_label, e.step, e.name, e.ts_ns, e.dur_ns, r.* EXCLUDE (name),
-               CASE WHEN json_valid(e.args) AND json_type(e.args) = 'OBJECT' THEN e.args::JSON END AS doc
-        FROM events e JOIN {_REGISTRY} ON r.name = e.name
-        WHERE e.run = $run AND e.kind = 'cpu_op' AND e.dur_ns IS NOT NULL AND e.ts_ns IS NOT NULL
-    ),
-    _lists AS (  -- the args parsed once: the lists of arguments (empty where not a list; "Input dims" before
-                 -- 2021's Kineto 0.2, which json_transform cannot ask for beside "Input Dims": DuckDB keys ignore case)
-                 -- and Kineto's own figure
-        SELECT * EXCLUDE (j), coalesce(j."Input Dims", TRY_CAST(json_extract(doc, '$."Input dims"') AS JSON[]), []) AS dims,
-               coalesce(j."Input type", []) AS types,
-               coalesce(j."Concrete Inputs", []) AS concrete, j.flops AS kineto
-        FROM (SELECT *, json_transform(doc, '{{"Input Dims": "JSON[]", "Input type": "JSON[]", "Concrete Inputs": "JSON[]",
-                                               "flops": "JSON"}}') AS j FROM _cand)
-    ),
-    _args AS (
-        SELECT * EXCLUDE (doc), len(dims) AS n_dims, [{", ".join(_sizes(i) for i in range(TENSOR_ARGS))}] AS sz,
-               {", ".join(_concrete(i) for i in range(TEXT_ARGS))}, {_DTYPE} AS dtype,
-               coalesce(json_type(kineto) IN ('BIGINT', 'UBIGINT') AND TRY_CAST(kineto AS HUGEINT) > 0, FALSE) AS has_kineto
-        FROM _lists
-    ),
+_CONV_INPUTS = f"""
     _need AS MATERIALIZED (  -- convolutions without stride and padding: their output may be the next op's input
         SELECT ord, thread, source, pid, tid, thread_label, ts_ns + dur_ns AS end_ns, sz[1][1] AS n, sz[2][1] AS c, len(sz[1]) AS r
         FROM _args WHERE kind IN ('convolution', 'conv_wrapper') AND c3 IS NULL AND c4 IS NULL
@@ -496,51 +474,113 @@ WITH RECURSIVE
          AND e.ts_ns >= c.ts_ns AND e.ts_ns <= c.ts_ns + c.dur_ns AND e.name IN (c.name || '_input', c.name || '_weight')
         WHERE e.run = $run AND e.kind = 'cpu_op' AND e.name IN {_GRAD_OPS}
         GROUP BY c.ord
-    ),
-    _shaped AS (  -- what the formulas of KINDS read besides the arguments
-        SELECT *, len(sz[1]) - 2 AS spatial, list_slice(next_in, 3, len(next_in)) AS out_next, {", ".join(_int_list(i) for i in LIST_ARGS)}, {_TENSOR_REASON} AS tensor_reason,
-               CASE WHEN kind <> 'broadcast_matmul' THEN sz[a + 1] WHEN len(sz[1]) > 1 THEN sz[1]
-                    ELSE list_concat([1::BIGINT], sz[1]) END AS mm_a2,
-               CASE WHEN kind <> 'broadcast_matmul' THEN sz[b + 1] WHEN len(sz[2]) > 1 THEN sz[2]
-                    ELSE list_concat(sz[2], [1::BIGINT]) END AS mm_b2,
-               sz[a + 1][1] AS at_b, CASE WHEN bhle THEN sz[a + 1][2] ELSE sz[a + 1][3] END AS at_h,
-               CASE WHEN bhle THEN sz[a + 1][3] ELSE sz[a + 1][2] END AS at_l, sz[a + 1][4] AS at_e,
-               CASE WHEN bhle THEN sz[a + 2][3] ELSE sz[a + 2][2] END AS at_keys, sz[a + 3][4] AS at_ev,
-               {_TEXTS}[causal + 1] AS at_causal, {_TEXTS}[mask_type + 1] AS at_mask
-        FROM _args LEFT JOIN _next USING (ord) LEFT JOIN _grads USING (ord)
-    ),
-    _spread AS (
-        SELECT *, {", ".join(_list_reason(i) for i in LIST_ARGS)},
-               coalesce(list_bool_and(list_transform(range(1, spatial + 1),
-                                                     lambda d: out_next[d] >= 1 AND out_next[d] <= sz[1][d + 2])), FALSE)
-                 AS next_fits,
-               {", ".join(f"{_broadcast(i)} AS {what}" for i, what in LIST_ARGS.items())},
-               {_drop_last("mm_a2", 2)} AS mm_batch_a, {_drop_last("mm_b2", 2)} AS mm_batch_b,
-               CASE WHEN {_flag("at_causal")} THEN {causal_pairs_sql("at_l", "at_keys")}
-                    WHEN at_mask IN ('1', '2') THEN {causal_pairs_sql("at_l", "at_keys", "at_mask = '2'")}
-                    ELSE at_l::HUGEINT * at_keys END AS at_pairs
-        FROM _shaped
-    ),
-    _padded AS (
-        SELECT *, {_out_size("padding")} AS out_padded,
-               {_out_size("list_transform(range(spatial), lambda r: 0)")} AS out_unpadded,
-               list_concat(list_transform(range(greatest(len(mm_batch_a), len(mm_batch_b)) - len(mm_batch_a)),
-                                          lambda r: 1::BIGINT), mm_batch_a) AS mm_pa,
-               list_concat(list_transform(range(greatest(len(mm_batch_a), len(mm_batch_b)) - len(mm_batch_b)),
-                                          lambda r: 1::BIGINT), mm_batch_b) AS mm_pb
-        FROM _spread
-    ),
-    _broadcast AS (  -- a product's operands: as recorded, or as aten::matmul broadcasts them
+    ),"""
+"""What the conv family's formulas read besides the arguments (``_args``): the input of the op after a
+convolution (``_need`` .. ``_next``: ``next_in``) and the gradient ops recorded inside an old
+backward convolution (``_grads``: ``grad_ops``)."""
+
+_SHAPED: Mapping[str, tuple[str, ...]] = {
+    "matmul": ("CASE WHEN kind <> 'broadcast_matmul' THEN sz[a + 1] WHEN len(sz[1]) > 1 THEN sz[1] "
+               "ELSE list_concat([1::BIGINT], sz[1]) END AS mm_a2",
+               "CASE WHEN kind <> 'broadcast_matmul' THEN sz[b + 1] WHEN len(sz[2]) > 1 THEN sz[2] "
+               "ELSE list_concat(sz[2], [1::BIGINT]) END AS mm_b2"),
+    "conv": ("len(sz[1]) - 2 AS spatial", "list_slice(next_in, 3, len(next_in)) AS out_next",
+             *(_int_list(i) for i in LIST_ARGS)),
+    "attention": ("sz[a + 1][1] AS at_b", "CASE WHEN bhle THEN sz[a + 1][2] ELSE sz[a + 1][3] END AS at_h",
+                  "CASE WHEN bhle THEN sz[a + 1][3] ELSE sz[a + 1][2] END AS at_l", "sz[a + 1][4] AS at_e",
+                  "CASE WHEN bhle THEN sz[a + 2][3] ELSE sz[a + 2][2] END AS at_keys", "sz[a + 3][4] AS at_ev",
+                  f"{_TEXTS}[causal + 1] AS at_causal", f"{_TEXTS}[mask_type + 1] AS at_mask"),
+}
+"""Per family, the columns ``_shaped`` adds to the arguments for its formulas (:data:`KINDS`)."""
+
+_SPREAD: Mapping[str, tuple[str, ...]] = {
+    "matmul": (f"{_drop_last('mm_a2', 2)} AS mm_batch_a", f"{_drop_last('mm_b2', 2)} AS mm_batch_b"),
+    "conv": (*(_list_reason(i) for i in LIST_ARGS),
+             "coalesce(list_bool_and(list_transform(range(1, spatial + 1), "
+             "lambda d: out_next[d] >= 1 AND out_next[d] <= sz[1][d + 2])), FALSE) AS next_fits",
+             *(f"{_broadcast(i)} AS {what}" for i, what in LIST_ARGS.items())),
+    "attention": ("CASE WHEN " + _flag("at_causal") + " THEN " + causal_pairs_sql("at_l", "at_keys")
+                  + " WHEN at_mask IN ('1', '2') THEN " + causal_pairs_sql("at_l", "at_keys", "at_mask = '2'")
+                  + " ELSE at_l::HUGEINT * at_keys END AS at_pairs",),
+}
+"""Per family, the columns ``_spread`` adds (from ``_shaped``'s)."""
+
+_PADDED: Mapping[str, tuple[str, ...]] = {
+    "matmul": tuple(f"list_concat(list_transform(range(greatest(len(mm_batch_a), len(mm_batch_b)) "
+                    f"- len(mm_batch_{x})), lambda r: 1::BIGINT), mm_batch_{x}) AS mm_p{x}" for x in "ab"),
+    "conv": (f"{_out_size('padding')} AS out_padded",
+             f"{_out_size('list_transform(range(spatial), lambda r: 0)')} AS out_unpadded"),
+}
+"""Per family, the columns ``_padded`` adds (from ``_spread``'s)."""
+
+_BROADCAST = f"""(  -- a product's operands: as recorded, or as aten::matmul broadcasts them
         SELECT *, CASE WHEN kind = 'broadcast_matmul' THEN list_concat(mm_batch, {_last("mm_a2", 2)}) ELSE mm_a2 END AS mm_a,
                CASE WHEN kind = 'broadcast_matmul' THEN list_concat(mm_batch, {_last("mm_b2", 2)}) ELSE mm_b2 END AS mm_b
         FROM (SELECT *, list_transform(list_zip(mm_pa, mm_pb), lambda z: greatest(z[1], z[2])) AS mm_batch,
                      list_bool_or(list_transform(list_zip(mm_pa, mm_pb), lambda z: z[1] <> z[2] AND z[1] <> 1 AND z[2] <> 1))
                        AS mm_clash
               FROM _padded)
+    )"""
+"""The matmul family's operands after broadcasting (``mm_a``, ``mm_b``, ``mm_clash``)."""
+
+
+def _added(columns: Mapping[str, tuple[str, ...]], families: frozenset[str]) -> str:
+    """``columns``' entries of ``families``, each after a comma (nothing when none)."""
+    return "".join(f", {column}" for family in FAMILIES if family in families for column in columns.get(family, ()))
+
+
+@functools.cache
+def materialize_flop_ops(families: frozenset[str] = frozenset(FAMILIES)) -> str:
+    """The statement that computes a trace's ``rank_flop_ops`` rows into :data:`FLOP_ROWS` (with the order
+    they are stored in, ``ord``): every op of a FLOP family (:data:`FLOP_OPS`) with its FLOPs, whether
+    it counts and why not, and the compute kernels it launched (module docs).
+
+    Written for the ops of ``families`` only (all by default): DuckDB binds a statement in time
+    ~linear in its text, and the formulas and the columns they read are most of it, so a trace
+    whose ops are all products (the common case) binds neither the convolutions' nor attention's
+    (0.1 s of CPU per trace). The rows are the same wherever the trace has no op of another
+    family (``tests/test_rankstats_flops.py``). Generated once per set of families."""
+    if not families or not families <= set(FAMILIES):
+        raise ValueError(f"families must be some of {FAMILIES}, not {sorted(families)}")
+    conv = "conv" in families
+    texts = f", {', '.join(_concrete(i) for i in range(TEXT_ARGS))}" if conv or "attention" in families else ""
+    return f"""
+CREATE OR REPLACE TEMP TABLE {FLOP_ROWS} AS
+WITH RECURSIVE
+    _cand AS MATERIALIZED (
+        SELECT row_number() OVER (ORDER BY e.source, e.pid, e.tid, e.thread_label, e.ts_ns, e.dur_ns DESC, r.leaf, e.name)
+                 AS ord,
+               dense_rank() OVER (ORDER BY e.source, e.pid, e.tid, e.thread_label) AS thread,
+               e.source, e.pid, e.tid, e.thread_label, e.step, e.name, e.ts_ns, e.dur_ns, r.* EXCLUDE (name),
+               CASE WHEN json_valid(e.args) AND json_type(e.args) = 'OBJECT' THEN e.args::JSON END AS doc
+        FROM events e JOIN {_registry(families)} ON r.name = e.name
+        WHERE e.run = $run AND e.kind = 'cpu_op' AND e.dur_ns IS NOT NULL AND e.ts_ns IS NOT NULL
     ),
+    _lists AS (  -- the args parsed once: the lists of arguments (empty where not a list; "Input dims" before
+                 -- 2021's Kineto 0.2, which json_transform cannot ask for beside "Input Dims": DuckDB keys ignore case)
+                 -- and Kineto's own figure
+        SELECT * EXCLUDE (j), coalesce(j."Input Dims", TRY_CAST(json_extract(doc, '$."Input dims"') AS JSON[]), []) AS dims,
+               coalesce(j."Input type", []) AS types,
+               coalesce(j."Concrete Inputs", []) AS concrete, j.flops AS kineto
+        FROM (SELECT *, json_transform(doc, '{{"Input Dims": "JSON[]", "Input type": "JSON[]", "Concrete Inputs": "JSON[]",
+                                               "flops": "JSON"}}') AS j FROM _cand)
+    ),
+    _args AS (
+        SELECT * EXCLUDE (doc), len(dims) AS n_dims, [{", ".join(_sizes(i) for i in range(TENSOR_ARGS))}] AS sz{texts},
+               {_DTYPE} AS dtype,
+               coalesce(json_type(kineto) IN ('BIGINT', 'UBIGINT') AND TRY_CAST(kineto AS HUGEINT) > 0, FALSE) AS has_kineto
+        FROM _lists
+    ),{_CONV_INPUTS if conv else ""}
+    _shaped AS (  -- what the formulas of KINDS read besides the arguments
+        SELECT *, {_TENSOR_REASON} AS tensor_reason{_added(_SHAPED, families)}
+        FROM _args{" LEFT JOIN _next USING (ord) LEFT JOIN _grads USING (ord)" if conv else ""}
+    ),
+    _spread AS (SELECT *{_added(_SPREAD, families)} FROM _shaped),
+    _padded AS (SELECT *{_added(_PADDED, families)} FROM _spread),
+    _broadcast AS {_BROADCAST if "matmul" in families else "(SELECT * FROM _padded)"},
     _figured AS (
         SELECT ord, thread, source, pid, tid, thread_label, step, name, ts_ns, dur_ns, leaf, family, dtype, has_kineto, kineto,
-               {_figure()} AS fig
+               {_figure(families)} AS fig
         FROM _broadcast
     ),
     _ops AS MATERIALIZED (
@@ -637,17 +677,13 @@ SELECT o.ord, o.source, o.pid, o.tid, o.step, o.name, o.family, o.leaf, o.ts_ns,
        CASE WHEN v.counted THEN coalesce(h.kernels, 0) END AS kernels, coalesce(h.tf32, FALSE) AS tf32
 FROM _ops o LEFT JOIN _verdict v ON v.ord = o.ord LEFT JOIN _hit h ON h.ord = o.ord
 """
-"""Computes the ``rank_flop_ops`` rows of one trace into :data:`FLOP_ROWS` (with the order they are
-stored in, ``ord``): every op of a FLOP family
-(:data:`FLOP_OPS`) with its FLOPs, whether it counts and why not, and the compute kernels it
-launched (module docs)."""
 
 RANK_FLOP_OPS = f"""
 SELECT source, pid, tid, step, name, family, leaf, ts_ns, dur_ns, flops, flops_source, dtype, counted, reason, gpu_ns,
        kernels, tf32
 FROM {FLOP_ROWS} ORDER BY ord
 """
-"""The ``rank_flop_ops`` rows of one trace, as :data:`MATERIALIZE_FLOP_OPS` computed them."""
+"""The ``rank_flop_ops`` rows of one trace, as :func:`materialize_flop_ops` computed them."""
 
 
 SKIPPED_LEAF = "leaf AND flops IS NULL AND NOT counted AND NOT starts_with(coalesce(reason, ''), 'inside ')"
