@@ -42,11 +42,11 @@ from stepscope.analysis.absent import Absent
 from stepscope.analysis.compare.budgets import Budget
 from stepscope.analysis.compare.budgets import floors as default_floors
 from stepscope.analysis.compare.comparison import Comparison, MetricDelta
-from stepscope.analysis.compare.stats import Load, MannWhitney, Noise
+from stepscope.analysis.compare.stats import LOAD_CEILING, LOAD_INFLATION, Load, MannWhitney, Noise, ceiling_loads
 from stepscope.errors import Inconclusive, StepscopeError
 from stepscope.units import format_value, p_value, signed_percent
 
-DECIDED_BY = ("not_available", "threshold", "floor", "noise", "grey_zone")
+DECIDED_BY = ("not_available", "threshold", "floor", "noise", "grey_zone", "too_loaded")
 
 PASS, REGRESSION, INCONCLUSIVE, NO_BASELINE = "pass", "regression", "inconclusive", "no_baseline"
 EXIT_CODES = {PASS: 0, REGRESSION: StepscopeError.exit_code, INCONCLUSIVE: Inconclusive.exit_code}
@@ -187,6 +187,27 @@ def _bounds_text(low: float, high: float, m: MetricDelta) -> str:
     return f"the change lies between {signed_percent(100 * low / base)} and {signed_percent(100 * high / base)}"
 
 
+def _too_loaded(load: Load | None, direction: int) -> dict[str, str]:
+    """Which decisions the load ceiling forbids (:data:`~stepscope.analysis.compare.stats.LOAD_CEILING`),
+    each with the reason in words ("" where allowed). Load only inflates CPU time: a side past the
+    ceiling may be inflated by more than its allowance, so its value bounds nothing in the
+    direction the inflation moves it. A candidate past it may show a slowdown that is the load's
+    (an increase budget cannot fail, a decrease budget cannot pass); a baseline past it may hide
+    how fast its code was (an increase budget cannot pass, a decrease budget cannot fail)."""
+    if load is None:
+        return {"pass": "", "fail": ""}
+    texts = {side: (f"a {side} run's steps took {max(ceiling_loads(loads, found)):.1f}x their CPU time in wall "
+                    f"time while other processes held the core, past the {LOAD_CEILING:g}x beyond which load can "
+                    f"inflate CPU time by more than the {LOAD_INFLATION * 100:.0f}% allowed"
+                    + (": a slowdown it shows may be the load's" if side == "candidate"
+                       else ": its code may have been faster than any allowance says"))
+             for side, loads, found, loaded in (
+                 ("candidate", load.candidate, load.candidate_preemption, load.candidate_too_loaded),
+                 ("baseline", load.baseline, load.baseline_preemption, load.baseline_too_loaded)) if loaded}
+    worse, better = ("candidate", "baseline") if direction > 0 else ("baseline", "candidate")
+    return {"fail": texts.get(worse, ""), "pass": texts.get(better, "")}
+
+
 def evaluate_budget(comparison: Comparison, budget: Budget, floor: float) -> BudgetResult:
     """Apply the rule in the module docs to one budget, with the metric's absolute ``floor``."""
     m = comparison.metric(budget.metric)
@@ -206,16 +227,21 @@ def evaluate_budget(comparison: Comparison, budget: Budget, floor: float) -> Bud
     exceeded = budget.direction * m.delta > threshold
     low, high = change_bounds(m, noise, budget.direction)
     about = f"{_bounds_text(low, high, m)}; {noise_text(noise, m.unit)}{_between_runs(test, comparison.alpha)}"
-    if m.delta == 0 or high <= threshold:
+    unsure = _too_loaded(noise.load, budget.direction)
+    if m.delta == 0 or (high <= threshold and not unsure["pass"]):
         return result("pass", False, p, "threshold", f"{_change_text(m)}, within {limit} ({about})", (low, high))
-    if high <= floor:
+    if high <= floor and not unsure["pass"]:
         return result("pass", exceeded, p, "floor", f"{_change_text(m)}, within the {format_value(floor, m.unit)} "
                                                     f"floor ({about})", (low, high))
     guarded = max(threshold, floor)
     over = limit if threshold >= floor else f"{limit} and the {format_value(floor, m.unit)} floor"
-    if low > guarded:
+    if low > guarded and not unsure["fail"]:
         return result("fail", True, p, "noise", f"{_change_text(m)}, over {over} by more than the noise "
                                                 f"({about})", (low, high))
+    blocked = unsure["fail"] if low > guarded else unsure["pass"] if high <= guarded else ""
+    if blocked:
+        return result("inconclusive", exceeded, p, "too_loaded", f"{_change_text(m)}: too loaded to judge: "
+                                                                 f"{blocked} ({about})", (low, high))
     return result("inconclusive", exceeded, p, "grey_zone",
                   f"{_change_text(m)}, cannot tell whether it is over {over} ({about})", (low, high))
 

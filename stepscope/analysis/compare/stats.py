@@ -149,6 +149,19 @@ below it the assumed inflation falls linearly to 0 at 1.0 (a thread that never w
 was never preempted). On the machine above, runs at 1.1-1.4 were already inflated by up to 48 %."""
 
 
+LOAD_CEILING = 6.0
+"""The :class:`Load` (a run's median step wall time over its median step CPU time) from which the
+gate no longer trusts :data:`LOAD_INFLATION`: a side with a run that loaded is too loaded to judge
+in the direction its load could fake (:func:`stepscope.analysis.compare.gate.evaluate_budget`).
+Measured on this project's 2-core machine at a load average of 7.5-8 (one unchanged MLP step,
+30 000 steps of 0.6, 1.3 and 3.3 ms, each preempted step against the same run's unpreempted
+ones): the median preempted step's CPU time was 1.13-1.56x its unpreempted one where the step
+took under 3x its CPU time in wall time, 1.41-1.80x at 3-6x, and 1.92x for the 0.6 ms step at
+6-12x, already past the 1.9x allowed (its 90th percentile 2.9x). Past 6x the allowance is a
+guess, and safety against a false alarm would rest on it alone: every run loaded past
+:data:`LOAD_FULL` makes the runs' intervals overlap, so the noise margin falls to its 2 % floor."""
+
+
 @dataclass(frozen=True)
 class Preemption:
     """A run's steps as other processes left them, from each step's involuntary context switches
@@ -158,9 +171,13 @@ class Preemption:
     steps: int
     preempted: int
     inflation: float
+    load: float = 1.0
+    """The median over the run's steps of each preempted step's wall over CPU time (1.0 for a step
+    never preempted): the run's load as other processes made it, which :data:`LOAD_CEILING` is
+    held against (a step that waited of its own accord, on I/O or a lock, is no load)."""
 
     def to_json(self) -> dict[str, float | int]:
-        return {"steps": self.steps, "preempted": self.preempted, "inflation": self.inflation}
+        return {"steps": self.steps, "preempted": self.preempted, "inflation": self.inflation, "load": self.load}
 
 
 def preemption(cpu: Sequence[float], wall: Sequence[float], switches: Sequence[float]) -> Preemption:
@@ -173,11 +190,10 @@ def preemption(cpu: Sequence[float], wall: Sequence[float], switches: Sequence[f
     bound when every step waited that long, in between otherwise. Unlike the run's wall over CPU
     time, it does not count the waits the thread chose (a lock, the interpreter's GIL held by
     another thread of the process) as load: those do not inflate CPU time."""
-    deflated = [c / (1.0 + inflation_at(w / c)) if n > 0 and c > 0 else c
-                for c, w, n in zip(cpu, wall, switches)]
-    low = median(deflated)
+    loads = [w / c if n > 0 and c > 0 else 1.0 for c, w, n in zip(cpu, wall, switches)]
+    low = median([c / (1.0 + inflation_at(load)) for c, load in zip(cpu, loads)])
     return Preemption(len(cpu), sum(1 for n in switches if n > 0),
-                      median(list(cpu)) / low - 1.0 if low > 0 else 0.0)
+                      median(list(cpu)) / low - 1.0 if low > 0 else 0.0, median(loads))
 
 
 @dataclass(frozen=True)
@@ -231,6 +247,20 @@ class Load:
         return max(run_inflations(self.candidate, self.candidate_preemption))
 
     @property
+    def baseline_too_loaded(self) -> bool:
+        """A baseline run reached :data:`LOAD_CEILING` (:func:`ceiling_loads`): its CPU time may be
+        inflated past the allowance, so nothing bounds how fast its code really was (no pass can
+        be shown)."""
+        return max(ceiling_loads(self.baseline, self.baseline_preemption)) >= LOAD_CEILING
+
+    @property
+    def candidate_too_loaded(self) -> bool:
+        """A candidate run reached :data:`LOAD_CEILING` (:func:`ceiling_loads`): its CPU time may
+        be inflated past the allowance, so a slowdown it shows may be the load's (no regression
+        can be shown)."""
+        return max(ceiling_loads(self.candidate, self.candidate_preemption)) >= LOAD_CEILING
+
+    @property
     def by_preemption(self) -> bool:
         """Every run's bound came from its preempted steps (else some, or all, from its load)."""
         return all(p is not None for p in (*_each_run(self.baseline, self.baseline_preemption),
@@ -243,6 +273,8 @@ class Load:
         return {"baseline": list(self.baseline), "candidate": list(self.candidate), "worst": self.worst,
                 "inflation": self.inflation, "baseline_inflation": self.baseline_inflation,
                 "candidate_inflation": self.candidate_inflation, "by_preemption": self.by_preemption,
+                "ceiling": LOAD_CEILING, "baseline_too_loaded": self.baseline_too_loaded,
+                "candidate_too_loaded": self.candidate_too_loaded,
                 "baseline_preemption": side(self.baseline, self.baseline_preemption),
                 "candidate_preemption": side(self.candidate, self.candidate_preemption)}
 
@@ -256,6 +288,12 @@ def run_inflations(loads: Sequence[float], found: Sequence[Preemption | None]) -
     """Each run's bound on how much too high its CPU time may be: its steps' :class:`Preemption`
     where it recorded them, else :func:`inflation_at` its load."""
     return [inflation_at(load) if p is None else p.inflation for load, p in zip(loads, _each_run(loads, found))]
+
+
+def ceiling_loads(loads: Sequence[float], found: Sequence[Preemption | None]) -> list[float]:
+    """Each run's load as :data:`LOAD_CEILING` judges it: its preempted steps' (:attr:`Preemption.load`)
+    where it counted them, else its load as a whole (as :func:`run_inflations` does)."""
+    return [load if p is None else p.load for load, p in zip(loads, _each_run(loads, found))]
 
 
 def inflation_at(load: float) -> float:
