@@ -161,6 +161,14 @@ took under 3x its CPU time in wall time, 1.41-1.80x at 3-6x, and 1.92x for the 0
 guess, and safety against a false alarm would rest on it alone: every run loaded past
 :data:`LOAD_FULL` makes the runs' intervals overlap, so the noise margin falls to its 2 % floor."""
 
+LOAD_INFLATION_PAST_CEILING = 1.9
+"""What a side with a run past :data:`LOAD_CEILING` is allowed instead of :data:`LOAD_INFLATION`
+(2.9x): the 90th percentile of single preempted steps of the same measurement past 6x (the
+0.6 ms step at 6-12x; the longer steps' stayed under 1.95x, and past 12x under 2.2x), a bound
+for a run's median that single steps rarely exceed. Within it a slowdown of 4x is still caught,
+and unchanged code would have to measure 3.2x its baseline to fail; what the allowance alone
+would have decided and this one does not is "too loaded to judge"."""
+
 
 @dataclass(frozen=True)
 class Preemption:
@@ -223,6 +231,9 @@ class Load:
     """Per baseline run, its steps' :class:`Preemption` where it recorded them (None, or a
     shorter tuple, where not: a store written before ``step_times.preemptions``)."""
     candidate_preemption: tuple[Preemption | None, ...] = ()
+    ceiling: float = LOAD_CEILING
+    """The :data:`LOAD_CEILING` these runs are held against (``math.inf``: none, what the
+    allowance alone would allow, :func:`stepscope.analysis.compare.gate.evaluate_budget`)."""
 
     @property
     def worst(self) -> float:
@@ -237,28 +248,30 @@ class Load:
     @property
     def baseline_inflation(self) -> float:
         """How much the baseline's CPU time may be too high: its most inflated run's
-        (:func:`run_inflations`)."""
-        return max(run_inflations(self.baseline, self.baseline_preemption))
+        (:func:`run_inflations`), or :data:`LOAD_INFLATION_PAST_CEILING` when a run of it is past
+        the ceiling."""
+        allowed = max(run_inflations(self.baseline, self.baseline_preemption))
+        return max(allowed, LOAD_INFLATION_PAST_CEILING) if self.baseline_too_loaded else allowed
 
     @property
     def candidate_inflation(self) -> float:
         """How much the candidate's CPU time may be too high: its most inflated run's
-        (:func:`run_inflations`)."""
-        return max(run_inflations(self.candidate, self.candidate_preemption))
+        (:func:`run_inflations`), or :data:`LOAD_INFLATION_PAST_CEILING` when a run of it is past
+        the ceiling."""
+        allowed = max(run_inflations(self.candidate, self.candidate_preemption))
+        return max(allowed, LOAD_INFLATION_PAST_CEILING) if self.candidate_too_loaded else allowed
 
     @property
     def baseline_too_loaded(self) -> bool:
-        """A baseline run reached :data:`LOAD_CEILING` (:func:`ceiling_loads`): its CPU time may be
-        inflated past the allowance, so nothing bounds how fast its code really was (no pass can
-        be shown)."""
-        return max(ceiling_loads(self.baseline, self.baseline_preemption)) >= LOAD_CEILING
+        """A baseline run reached the ceiling (:func:`ceiling_loads`): its CPU time may be
+        inflated past :data:`LOAD_INFLATION`."""
+        return max(ceiling_loads(self.baseline, self.baseline_preemption)) >= self.ceiling
 
     @property
     def candidate_too_loaded(self) -> bool:
-        """A candidate run reached :data:`LOAD_CEILING` (:func:`ceiling_loads`): its CPU time may
-        be inflated past the allowance, so a slowdown it shows may be the load's (no regression
-        can be shown)."""
-        return max(ceiling_loads(self.candidate, self.candidate_preemption)) >= LOAD_CEILING
+        """A candidate run reached the ceiling (:func:`ceiling_loads`): its CPU time may be
+        inflated past :data:`LOAD_INFLATION`."""
+        return max(ceiling_loads(self.candidate, self.candidate_preemption)) >= self.ceiling
 
     @property
     def by_preemption(self) -> bool:
@@ -273,7 +286,7 @@ class Load:
         return {"baseline": list(self.baseline), "candidate": list(self.candidate), "worst": self.worst,
                 "inflation": self.inflation, "baseline_inflation": self.baseline_inflation,
                 "candidate_inflation": self.candidate_inflation, "by_preemption": self.by_preemption,
-                "ceiling": LOAD_CEILING, "baseline_too_loaded": self.baseline_too_loaded,
+                "ceiling": self.ceiling, "baseline_too_loaded": self.baseline_too_loaded,
                 "candidate_too_loaded": self.candidate_too_loaded,
                 "baseline_preemption": side(self.baseline, self.baseline_preemption),
                 "candidate_preemption": side(self.candidate, self.candidate_preemption)}
