@@ -50,8 +50,8 @@ def test_param(stepscope_profile, width):
 """
 """Four tests, two sharing a marker; budgets wide enough (+100% against a 20x slowdown) that no
 machine load decides the outcome of a slow test: the gate allows load to inflate either side's
-CPU time by up to 1.9x (stats.LOAD_INFLATION; 2.9x past the load ceiling), so a slowdown must
-measure over 3.8x (5.8x past the ceiling) to be a regression on a loaded machine, and 20x the
+CPU time by up to 1.9x (stats.LOAD_INFLATION; 2.2x past the load ceiling), so a slowdown must
+measure over 3.8x (4.4x past the ceiling) to be a regression on a loaded machine, and 20x the
 work measures well over that (~15x quiet, ~8x with the baseline inflated 1.9x and the candidate
 not)."""
 
