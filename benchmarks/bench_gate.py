@@ -41,6 +41,8 @@ sampled at every pair and printed): the "quiet" condition is only free of this b
 load.
 
 Run: python benchmarks/bench_gate.py [--pairs 20] [--steps 20] [--sessions 5] [--part cli|plugin|all]
+[--keep DIR]; then ``--rejudge DIR`` judges the kept compare runs again with the rule as it is now
+(a rule's change measured on the same data, without the hour of recording).
 """
 
 from __future__ import annotations
@@ -189,25 +191,27 @@ class LoadSamples:
         return f"load average {v[0]:.1f}-{v[-1]:.1f} (median {v[len(v) // 2]:.1f}, {len(v)} samples)"
 
 
-def cli_part(condition: str, pairs: int, steps: int, cand_runs: int, batches: dict[str, int], root: Path,
+def cli_part(condition: str, pairs: int, steps: int, cand_runs: int, batches: dict[str, int] | None, root: Path,
              load: LoadSamples) -> dict[str, Counter[str]]:
     """Record and judge ``pairs`` pairs of each kind under the current load; outcome counts per
-    kind, and per kind with ``before:`` for the old gate."""
+    kind, and per kind with ``before:`` for the old gate. ``batches`` None: record nothing, judge
+    the runs a ``--keep`` folder holds (``--rejudge``: a rule changed, the same data judged again)."""
     from stepscope.analysis.compare import DEFAULT_BUDGETS, parse_budgets, verdict
     from stepscope.analysis.compare.budgets import floors
     from stepscope.analysis.compare.comparison import compare_profiles, profiles, side_source
     from stepscope.analysis.quantiles import median
     from stepscope.store import open_store
 
-    work = Workload(batches)
-    work.record(root / "warm-up", "w", "unchanged", steps)  # a process's first profile pays one-time costs
+    work = None if batches is None else Workload(batches)
+    if work is not None:
+        work.record(root / "warm-up", "w", "unchanged", steps)  # a process's first profile pays one-time costs
 
     def store(run: str) -> Path:
         """A store per run: a query's cost grows with the runs of its store, not the point here."""
         return root / f"cli-{condition}" / run
 
     def record(runs: list[str]) -> None:
-        for run in runs:
+        for run in runs if work is not None else ():
             work.record(store(run), run, run.split("-")[0], steps)
 
     budgets, table = parse_budgets(list(DEFAULT_BUDGETS)), floors()
@@ -215,6 +219,7 @@ def cli_part(condition: str, pairs: int, steps: int, cand_runs: int, batches: di
     reasons: Counter[str] = Counter()
     unchanged_deltas: list[str] = []
     judged: dict[str, list[float]] = {kind: [] for kind in FACTORS}
+    decided: dict[str, Counter[str]] = {kind: Counter() for kind in FACTORS}
     baseline = [f"unchanged-base{j}" for j in range(BASELINE_RUNS)]
     gathered: dict[str, RunProfile] = {}
 
@@ -236,6 +241,7 @@ def cli_part(condition: str, pairs: int, steps: int, cand_runs: int, batches: di
             result = verdict(comparison, budgets, table)
             counts.setdefault(kind, Counter())[result.status] += 1
             step = comparison.metric("step_time")
+            decided[kind].update(r.decided_by for r in result.results if r.budget.metric == "step_time")
             judged[kind].append((step.cand_value or 0) / (step.base_value or 1))
             noise = step.noise
             if kind == "unchanged":
@@ -252,6 +258,8 @@ def cli_part(condition: str, pairs: int, steps: int, cand_runs: int, batches: di
           + ", ".join(f"{k} {median(v):.2f}x (range {min(v):.2f}-{max(v):.2f})" for k, v in judged.items()))
     print("  unchanged pairs' step-time change (L: the load changed, margin widened; !: regression; "
           "?: inconclusive): " + " ".join(unchanged_deltas))
+    print("  step-time budget decided by (too_loaded: past the load ceiling): "
+          + "; ".join(f"{k} {dict(sorted(v.items()))}" for k, v in decided.items()))
     for reason, n in sorted(reasons.items()):
         print(f"  {n} x {reason}")
     return counts
@@ -335,6 +343,7 @@ def plugin_part(condition: str, sessions: int, steps: int, batches: dict[str, in
         raise SystemExit(f"saving the plugin project's baseline failed:\n{out}")
     counts: dict[str, Counter[str]] = {}
     missed: list[str] = []
+    too_loaded: Counter[str] = Counter()
     for session in range(sessions):
         for kind in FACTORS:
             load.sample()
@@ -342,9 +351,12 @@ def plugin_part(condition: str, sessions: int, steps: int, batches: dict[str, in
             _pytest(project, batches, f"--junitxml={junit}", kind=kind)
             judged = _judged(junit) if junit.exists() else [("session", "other", "no --junitxml written")]
             counts.setdefault(kind, Counter()).update(outcome for _, outcome, _ in judged)
+            too_loaded[kind] += sum("too loaded to judge" in message for *_, message in judged)
             missed += [f"{kind} {outcome} {test}: {message[:300]}" for test, outcome, message in judged
                        if outcome != ("pass" if kind == "unchanged" else "regression")]
-    print(f"\n{condition}: plugin outcomes off target ({len(missed)}):")
+    print(f"\n{condition}: plugin tests judged too loaded to judge (past the load ceiling), per kind: "
+          f"{dict(too_loaded) or 'none'}")
+    print(f"{condition}: plugin outcomes off target ({len(missed)}):")
     for line in missed:
         print(f"  {line}")
     return counts
@@ -385,15 +397,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", choices=("cli", "plugin", "all"), default="all")
     parser.add_argument("--conditions", default="quiet,loaded", help="which conditions, in order (default both)")
     parser.add_argument("--load", type=int, default=2, help="busy processes of the loaded condition (default 2)")
+    parser.add_argument("--keep", type=Path, help="record into this folder and keep it (default: a temporary one)")
+    parser.add_argument("--rejudge", type=Path,
+                        help="record nothing: judge the compare part's runs that --keep left in this folder again "
+                             "(the same --pairs, --candidate-runs and --conditions), with the rule as it is now")
     args = parser.parse_args(argv)
+    if args.rejudge is not None:
+        for condition in args.conditions.split(","):
+            counts = cli_part(condition, args.pairs, args.steps, args.candidate_runs, None, args.rejudge, LoadSamples())
+            print(f"\ncompare, {condition}, judged again from {args.rejudge} (the load as recorded):")
+            print("\n".join([*(_line(kind, counts[kind], args.pairs) for kind in FACTORS),
+                             *_verdict(counts, args.pairs)]), flush=True)
+        return 0
     os.environ["OMP_NUM_THREADS"] = "1"
     print(f"bench_gate: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start; "
           f"{args.pairs} pairs of {args.candidate_runs} candidate runs, {args.steps} steps a run, "
           f"{args.sessions} plugin sessions a kind")
     started_all = time.perf_counter(), time.process_time()
     batches = calibrate()
-    with tempfile.TemporaryDirectory(prefix="bench-gate-") as tmp:
-        root = Path(tmp)
+    with contextlib.ExitStack() as kept:
+        root = args.keep or Path(kept.enter_context(tempfile.TemporaryDirectory(prefix="bench-gate-")))
+        root.mkdir(parents=True, exist_ok=True)
         for condition in args.conditions.split(","):
             processes = args.load if condition == "loaded" else 0
             with background_load(processes):

@@ -205,10 +205,7 @@ splitting it costs nothing, while kept whole it would leave one worker on it alo
 
 
 SERIAL_FILES = frozenset({
-    "test_ci_workflow.py",
     "test_collector_watch.py",
-    "test_compare_noise.py",
-    "test_pytest_plugin.py",
 })
 """The files that hold tests marked ``serial`` (tests/test_suite_setup.py checks the list)."""
 

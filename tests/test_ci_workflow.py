@@ -29,7 +29,9 @@ import pytest
 from tests.conftest import REPO
 
 yaml = pytest.importorskip("yaml")
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # judges fresh timings: runs alone
+# Beside other tests: under load the same code may come out inconclusive, never a regression, and
+# the 8x wider model (~15x the CPU time) stays a regression even allowed the 2.2x past the load ceiling.
+pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
 

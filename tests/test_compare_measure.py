@@ -171,7 +171,8 @@ def test_a_loaded_run_is_judged_within_what_load_can_do_to_cpu_time() -> None:
     assert noise["load"] == {"baseline": [1.0, 1.0, 1.0], "candidate": [1.0, 1.0, 1.0], "worst": 1.0,
                              "inflation": 0.0, "baseline_inflation": 0.0, "candidate_inflation": 0.0,
                              "by_preemption": False, "baseline_preemption": unrecorded,
-                             "candidate_preemption": unrecorded}
+                             "candidate_preemption": unrecorded, "ceiling": 6.0, "baseline_too_loaded": False,
+                             "candidate_too_loaded": False}
     assert "the change lies between +18.6% and +26.5%" in reasons[0]
     assert _judge([_loaded_run(f"c{i}", 10.3, 10.3) for i in range(3)])[0] == "pass"
 
@@ -226,7 +227,7 @@ def test_a_candidate_that_waited_without_being_preempted_is_judged_unloaded() ->
     status, reasons, noise = _judge(waited)
     assert status == "regression", reasons
     assert noise["load"]["candidate_inflation"] == 0 and noise["load"]["by_preemption"] is False  # BASE: no counts
-    assert noise["load"]["candidate_preemption"] == [{"steps": 5, "preempted": 0, "inflation": 0.0}] * 3
+    assert noise["load"]["candidate_preemption"] == [{"steps": 5, "preempted": 0, "inflation": 0.0, "load": 1.0}] * 3
 
     preempted = [_preempted_run(f"c{i}", [12.5] * 5, [25.0] * 5, [2] * 5) for i in range(3)]
     status, reasons, noise = _judge(preempted)
@@ -310,6 +311,50 @@ def test_a_spread_beyond_what_the_load_explains_is_the_noise() -> None:
     assert noise["margin"] == pytest.approx(12.0e6 / 1.9 - 5.0e6)
     more = [*apart, _loaded_run("c4", 7.0, 14.0), _loaded_run("c5", 9.0, 18.0)]
     assert _judge(more)[2]["margin"] == pytest.approx(noise["margin"])
+
+
+def test_past_the_load_ceiling_the_gate_is_too_loaded_to_judge() -> None:
+    """Runs whose preempted steps took 8x their CPU time in wall time are past the 6x ceiling
+    (stats.LOAD_CEILING), where load was measured to inflate CPU time by more than the 1.9x
+    allowed; such a side is allowed 2.2x instead. Unchanged code inflated 2.3x there (23.5 ms
+    against :data:`BASE`'s quiet 10.2 ms: at least 23.1 / 1.9 = 12.2 ms, +19 %, by the usual
+    allowance) would be a false alarm; it is inconclusive, "too loaded to judge", in the verdict,
+    the JSON and the Markdown (23.1 / 2.2 = 10.5 ms: +3 % to +134 %). A 4x slowdown is still a
+    regression there (40.4 / 2.2 = 18.4 ms, +80 %), and a loaded candidate that measured no more
+    than the baseline still passes (load cannot hide a slowdown). A baseline past the ceiling
+    passes no quiet candidate at half its value ((6.6 + 0.27) * 2.2 = 15.1 ms against 13.26,
+    +14 %: the usual 1.9x gave 13.05, a pass), and still fails 3x. Steps that took 8x their CPU
+    time in wall time without ever being preempted (waits of the thread's own: I/O, a lock) are
+    no load: judged as usual."""
+    from stepscope.render.compare_json import render_json
+    from stepscope.render.compare_markdown import render_markdown
+
+    def runs(cpu_ms: float, load: float, switches: int, name: str = "c") -> list[RunProfile]:
+        return [_preempted_run(f"{name}{i}", [cpu_ms] * 5, [cpu_ms * load] * 5, [switches] * 5) for i in range(3)]
+
+    comparison = compare_profiles(BASE, runs(23.5, 8.0, 3))
+    result = verdict(comparison, parse_budgets(["step_time:+10%"]), floors())
+    assert result.status == "inconclusive" and "too loaded to judge" in result.reasons[0], result.reasons
+    assert "a candidate run's preempted steps took 8.0x their CPU time in wall time, past the 6x" in result.reasons[0]
+    doc = json.loads(render_json(comparison, result))
+    assert doc["budgets"][0]["decided_by"] == "too_loaded" and doc["budgets"][0]["status"] == "inconclusive"
+    load = doc["budgets"][0]["noise"]["load"]
+    assert load["candidate_too_loaded"] is True and load["baseline_too_loaded"] is False and load["ceiling"] == 6.0
+    assert load["candidate_inflation"] == pytest.approx(1.2) and load["candidate_preemption"][0]["load"] == 8.0
+    markdown = render_markdown(comparison, result)
+    assert "too loaded to judge" in markdown and "too_loaded" in markdown
+
+    assert _judge(runs(23.5, 5.0, 3))[0] == "regression"  # under the ceiling: the usual allowance
+    assert _judge(runs(40.8, 8.0, 3))[0] == "regression"
+    assert _judge(runs(10.3, 8.0, 3))[0] == "pass"
+    assert _judge(runs(23.5, 8.0, 0))[0] == "regression"  # never preempted: its waits were its own
+
+    busy_base = runs(13.26, 8.0, 2, "b")
+    status, reasons, noise = _judge([_loaded_run(f"c{i}", 6.6, 6.6) for i in range(3)], busy_base)
+    assert status == "inconclusive" and "a baseline run's preempted steps took 8.0x" in reasons[0], reasons
+    assert noise["load"]["baseline_too_loaded"] is True
+    assert _judge([_loaded_run(f"c{i}", 6.6, 6.6) for i in range(3)], runs(13.26, 5.0, 2, "b"))[0] == "pass"
+    assert _judge([_loaded_run(f"c{i}", 39.8, 39.8) for i in range(3)], busy_base)[0] == "regression"
 
 
 def test_the_load_inflation_grows_with_the_most_loaded_run() -> None:

@@ -6,6 +6,7 @@ replaces the defaults; a result in the grey zone re-runs the test, bounded."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from stepscope.store.runs import stored_runs
 
 pytest_plugins = ["pytester"]
 
-pytestmark = pytest.mark.serial  # judges fresh timings: runs alone (pyproject markers)
+# Not run alone: the one test that judges fresh timings gives its budgets room for any load the
+# pass brings (TEST_FILE), and unchanged code may come out inconclusive, never a regression.
 
 TEST_FILE = """
 import os, pathlib, pytest, torch
@@ -49,9 +51,10 @@ def test_param(stepscope_profile, width):
 """
 """Four tests, two sharing a marker; budgets wide enough (+100% against a 20x slowdown) that no
 machine load decides the outcome of a slow test: the gate allows load to inflate either side's
-CPU time by up to 1.9x (stats.LOAD_INFLATION), so a slowdown must measure over 3.8x to be a
-regression on a loaded machine, and 20x the work measures well over that (~15x quiet, ~8x
-with the baseline inflated 1.9x and the candidate not)."""
+CPU time by up to 1.9x (stats.LOAD_INFLATION; 2.2x past the load ceiling), so a slowdown must
+measure over 3.8x (4.4x past the ceiling) to be a regression on a loaded machine, and 20x the
+work measures well over that (~15x quiet, ~8x with the baseline inflated 1.9x and the candidate
+not)."""
 
 TESTS = ["test_gate.py-test_a", "test_gate.py-test_b", "test_gate.py-test_param-128", "test_gate.py-test_param-64"]
 """The run ids of the four tests: node ids reduced by the collector's run-name rule."""
@@ -100,8 +103,9 @@ def test_shared_baseline_folder_and_parametrised_tests(pytester: pytest.Pytester
     unchanged = same.parseoutcomes()
     assert unchanged.get("passed", 0) + unchanged.get("failed", 0) == 4, same.stdout.str()
     assert "stepscope: regression" not in same.stdout.str()
-    if unchanged.get("failed"):
-        same.stdout.fnmatch_lines(["*stepscope: inconclusive*", "*cannot tell whether it is over*"])
+    if unchanged.get("failed"):  # the grey zone, or past the load ceiling (docs/ci.md)
+        same.stdout.fnmatch_lines(["*stepscope: inconclusive*"])
+        assert re.search(r"(cannot tell|too loaded to judge) whether it is over", same.stdout.str()), same.stdout.str()
 
     monkeypatch.setenv("SLOW_TESTS", "b,param128")  # two tests do 20x the work per step
     result = pytester.runpytest_subprocess(*args, "--stepscope-reruns", "0")

@@ -35,18 +35,26 @@ run that a busy machine slowed down as a whole.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from stepscope.analysis.absent import Absent
 from stepscope.analysis.compare.budgets import Budget
 from stepscope.analysis.compare.budgets import floors as default_floors
 from stepscope.analysis.compare.comparison import Comparison, MetricDelta
-from stepscope.analysis.compare.stats import Load, MannWhitney, Noise
+from stepscope.analysis.compare.stats import (
+    LOAD_INFLATION,
+    LOAD_INFLATION_PAST_CEILING,
+    Load,
+    MannWhitney,
+    Noise,
+    ceiling_loads,
+)
 from stepscope.errors import Inconclusive, StepscopeError
 from stepscope.units import format_value, p_value, signed_percent
 
-DECIDED_BY = ("not_available", "threshold", "floor", "noise", "grey_zone")
+DECIDED_BY = ("not_available", "threshold", "floor", "noise", "grey_zone", "too_loaded")
 
 PASS, REGRESSION, INCONCLUSIVE, NO_BASELINE = "pass", "regression", "inconclusive", "no_baseline"
 EXIT_CODES = {PASS: 0, REGRESSION: StepscopeError.exit_code, INCONCLUSIVE: Inconclusive.exit_code}
@@ -187,8 +195,33 @@ def _bounds_text(low: float, high: float, m: MetricDelta) -> str:
     return f"the change lies between {signed_percent(100 * low / base)} and {signed_percent(100 * high / base)}"
 
 
+def _ceiling_text(load: Load) -> str:
+    """Which side's runs were past the load ceiling, in words (for "too loaded to judge")."""
+    sides = [f"a {side} run's preempted steps took {max(ceiling_loads(loads, found)):.1f}x their CPU time in wall time"
+             for side, loads, found, past in (
+                 ("candidate", load.candidate, load.candidate_preemption, load.candidate_too_loaded),
+                 ("baseline", load.baseline, load.baseline_preemption, load.baseline_too_loaded)) if past]
+    return (f"{' and '.join(sides)}, past the {load.ceiling:g}x beyond which load was measured to inflate CPU time "
+            f"by more than {LOAD_INFLATION * 100:.0f}%: allowing up to {LOAD_INFLATION_PAST_CEILING * 100:.0f}%, "
+            "the runs cannot tell")
+
+
+def _rule(low: float, high: float, threshold: float, floor: float) -> str:
+    """The ``decided_by`` of a change whose bounds are ``low``-``high`` (module docs, steps 2-5)."""
+    if high <= threshold:
+        return "threshold"
+    if high <= floor:
+        return "floor"
+    return "noise" if low > max(threshold, floor) else "grey_zone"
+
+
 def evaluate_budget(comparison: Comparison, budget: Budget, floor: float) -> BudgetResult:
-    """Apply the rule in the module docs to one budget, with the metric's absolute ``floor``."""
+    """Apply the rule in the module docs to one budget, with the metric's absolute ``floor``.
+
+    Past the load ceiling (:data:`~stepscope.analysis.compare.stats.LOAD_CEILING`) a side is
+    allowed :data:`~stepscope.analysis.compare.stats.LOAD_INFLATION_PAST_CEILING`; a change that
+    the usual allowance would have passed or failed and that one leaves in the grey zone is
+    ``too_loaded``: "too loaded to judge", not "cannot tell"."""
     m = comparison.metric(budget.metric)
     limit = _threshold_text(budget, m)
 
@@ -206,16 +239,23 @@ def evaluate_budget(comparison: Comparison, budget: Budget, floor: float) -> Bud
     exceeded = budget.direction * m.delta > threshold
     low, high = change_bounds(m, noise, budget.direction)
     about = f"{_bounds_text(low, high, m)}; {noise_text(noise, m.unit)}{_between_runs(test, comparison.alpha)}"
-    if m.delta == 0 or high <= threshold:
+    rule = "threshold" if m.delta == 0 else _rule(low, high, threshold, floor)
+    if rule == "threshold":
         return result("pass", False, p, "threshold", f"{_change_text(m)}, within {limit} ({about})", (low, high))
-    if high <= floor:
+    if rule == "floor":
         return result("pass", exceeded, p, "floor", f"{_change_text(m)}, within the {format_value(floor, m.unit)} "
                                                     f"floor ({about})", (low, high))
-    guarded = max(threshold, floor)
     over = limit if threshold >= floor else f"{limit} and the {format_value(floor, m.unit)} floor"
-    if low > guarded:
+    if rule == "noise":
         return result("fail", True, p, "noise", f"{_change_text(m)}, over {over} by more than the noise "
                                                 f"({about})", (low, high))
+    load = noise.load
+    if load is not None and (load.baseline_too_loaded or load.candidate_too_loaded):
+        usual = replace(noise, load=replace(load, ceiling=math.inf))
+        if _rule(*change_bounds(m, usual, budget.direction), threshold, floor) != "grey_zone":
+            return result("inconclusive", exceeded, p, "too_loaded",
+                          f"{_change_text(m)}: too loaded to judge whether it is over {over}: {_ceiling_text(load)} "
+                          f"({about})", (low, high))
     return result("inconclusive", exceeded, p, "grey_zone",
                   f"{_change_text(m)}, cannot tell whether it is over {over} ({about})", (low, high))
 
