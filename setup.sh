@@ -37,8 +37,9 @@ case "$what" in
     compile_package
     # Two passes: every test on all cores (pytest-xdist, one worker per core, a file's tests in
     # one worker except the sweeps that tests/conftest.py's SPREAD names), then the tests marked
-    # `serial`, alone: they record fresh timings and judge them (the gate's runs, the watch's slow
-    # steps), and the rest of the suite beside them would add its own load to what they measure.
+    # `serial`, alone: they record fresh timings and judge them (the gate's runs), and the rest
+    # of the suite beside them would add its own load to what they measure. A test that can hold
+    # on a loaded machine is not `serial` (the watch's slow steps run in the first pass).
     # `-m serial` imports only the files that hold such tests (tests/conftest.py's SERIAL_FILES).
     # Exit 5 (nothing collected, e.g. `./setup.sh test tests/test_layering.py`) counts as a
     # failure only when neither pass ran a test.

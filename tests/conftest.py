@@ -206,7 +206,6 @@ splitting it costs nothing, while kept whole it would leave one worker on it alo
 
 SERIAL_FILES = frozenset({
     "test_ci_workflow.py",
-    "test_collector_watch.py",
     "test_compare_noise.py",
     "test_pytest_plugin.py",
 })
