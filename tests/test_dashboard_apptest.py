@@ -156,6 +156,16 @@ def test_overview_step_filter_selects_rows(shared_store: Path, monkeypatch: pyte
     assert at.query_params["steps"] in ("3-4", ["3-4"])
 
 
+def test_communication_warns_of_the_late_rank(sample_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The late sample's ``comm.late_rank`` finding, as the summary words it, is on the page."""
+    at = open_page(sample_store, "communication", monkeypatch, run="gloo-3ranks-late")
+    assert_clean(at)
+    with open_store(sample_store) as store:
+        late = [f["message"] for f in build_summary(store, "gloo-3ranks-late")["findings"]
+                if f["rule"] == "comm.late_rank"]
+    assert late and [w.value for w in at.warning] == late
+
+
 @pytest.mark.shared
 def test_communication_counts_collectives(shared_store: Path, shared_traces: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
