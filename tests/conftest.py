@@ -130,21 +130,34 @@ def copy_store(store: Path, to: Path) -> Path:
     return to
 
 
-def copy_run(source: Path, store: Path, run: str) -> None:
-    """Put run ``run`` of the store ``source`` into ``store`` as ingesting its traces there would.
+def copy_run(source: Path, store: Path, run: str, as_run: str | None = None) -> None:
+    """Put run ``run`` of the store ``source`` into ``store`` as ingesting its traces there would,
+    under the name ``as_run`` when given (a test's own name for a shared sample run).
 
     A store keeps each run in folders of its own (``<table>/run=<run>/``, ``.content/run=<run>/``:
-    docs/STORE.md), so copying them is the ingest's result without paying for it again. The
-    run's compacted tables are made again, as its ingest makes them, rather than copied: their
-    manifest names the parts' inodes, which a copy changes. Derived caches stay behind."""
+    docs/STORE.md), so copying them is the ingest's result without paying for it again; the
+    parts name the run only in the folder's name and in ``sources.run_name``, which a renamed
+    copy rewrites. The run's compacted tables are made again, as its ingest makes them, rather
+    than copied: their manifest names the parts' inodes, which a copy changes. Derived caches
+    stay behind."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from stepscope.store.compact import COMPACT_DIR, compact_run
 
+    name = as_run or run
     for table in source.iterdir():
         if (table.is_dir() and table.name not in ("cache", COMPACT_DIR)
                 and (table / f"run={run}").is_dir()):
-            shutil.copytree(table / f"run={run}", store / table.name / f"run={run}")
+            shutil.copytree(table / f"run={run}", store / table.name / f"run={name}")
+    if name != run:
+        for part in (store / "sources" / f"run={name}").rglob("*.parquet"):
+            sources = pq.read_table(part)
+            at = sources.schema.get_field_index("run_name")
+            renamed = pa.array([name] * sources.num_rows, sources.schema.field(at).type)
+            pq.write_table(sources.set_column(at, sources.schema.field(at), renamed), part)
     (store / ".commit.lock").touch()
-    compact_run(store, run)
+    compact_run(store, name)
 
 
 DDP_RECORDING = {"run": "ddp test/2 ranks", "steps": 9, "wait": 3, "warmup": 2, "active": 2,
