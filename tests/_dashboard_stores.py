@@ -9,7 +9,16 @@ from typing import Any
 import pytest
 
 from stepscope.store.ingest import ingest_paths
-from tests.conftest import REPO, built_once, copy_run, sample_store, write_trace
+from tests.conftest import REPO, SHARED_TRACES, built_once, copy_run, sample_store, write_trace
+
+SHARED_RUNS = {
+    "control": ["hta/trace_diff/control/control.json.gz"],
+    "test": ["hta/trace_diff/test/test.json.gz"],
+    "sampled": ["hta/trace_filter/sampled_rank-0.json.gz", "hta/trace_filter/sampled_rank-1.json.gz"],
+    "dfir": ["hta/df_index_resolver/df_index_resolver.json.gz"],
+}
+"""The runs of shared traces that the dashboard tests open (run name -> its files in
+../shared/traces), all in one store (:func:`build_shared_store`)."""
 
 
 def _tiny_trace(path: Path, rank: int) -> Path:
@@ -43,6 +52,19 @@ def build_sample_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundled sample traces (``sample_traces/<run>/``), or a tiny generated run when absent:
     built once per test run and shared by every file and xdist worker that opens it."""
     return built_once(tmp_path_factory, "dash-sample", functools.partial(_ingest_samples, tmp_path_factory))
+
+
+def build_shared_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The runs of :data:`SHARED_RUNS` in one store, ingested once per test run and shared by
+    every file and xdist worker that opens them (the AppTests read it; the browser's store
+    copies its runs from it)."""
+    return built_once(tmp_path_factory, "dash-shared", _ingest_shared_runs)
+
+
+def _ingest_shared_runs(root: Path) -> None:
+    for run, files in SHARED_RUNS.items():
+        report = ingest_paths([SHARED_TRACES / f for f in files], root, run)
+        assert report.ok, report.errors
 
 
 def _ingest_samples(tmp_path_factory: pytest.TempPathFactory, root: Path) -> None:

@@ -130,21 +130,34 @@ def copy_store(store: Path, to: Path) -> Path:
     return to
 
 
-def copy_run(source: Path, store: Path, run: str) -> None:
-    """Put run ``run`` of the store ``source`` into ``store`` as ingesting its traces there would.
+def copy_run(source: Path, store: Path, run: str, as_run: str | None = None) -> None:
+    """Put run ``run`` of the store ``source`` into ``store`` as ingesting its traces there would,
+    under the name ``as_run`` when given (a test's own name for a shared sample run).
 
     A store keeps each run in folders of its own (``<table>/run=<run>/``, ``.content/run=<run>/``:
-    docs/STORE.md), so copying them is the ingest's result without paying for it again. The
-    run's compacted tables are made again, as its ingest makes them, rather than copied: their
-    manifest names the parts' inodes, which a copy changes. Derived caches stay behind."""
+    docs/STORE.md), so copying them is the ingest's result without paying for it again; the
+    parts name the run only in the folder's name and in ``sources.run_name``, which a renamed
+    copy rewrites. The run's compacted tables are made again, as its ingest makes them, rather
+    than copied: their manifest names the parts' inodes, which a copy changes. Derived caches
+    stay behind."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from stepscope.store.compact import COMPACT_DIR, compact_run
 
+    name = as_run or run
     for table in source.iterdir():
         if (table.is_dir() and table.name not in ("cache", COMPACT_DIR)
                 and (table / f"run={run}").is_dir()):
-            shutil.copytree(table / f"run={run}", store / table.name / f"run={run}")
+            shutil.copytree(table / f"run={run}", store / table.name / f"run={name}")
+    if name != run:
+        for part in (store / "sources" / f"run={name}").rglob("*.parquet"):
+            sources = pq.read_table(part)
+            at = sources.schema.get_field_index("run_name")
+            renamed = pa.array([name] * sources.num_rows, sources.schema.field(at).type)
+            pq.write_table(sources.set_column(at, sources.schema.field(at), renamed), part)
     (store / ".commit.lock").touch()
-    compact_run(store, run)
+    compact_run(store, name)
 
 
 DDP_RECORDING = {"run": "ddp test/2 ranks", "steps": 9, "wait": 3, "warmup": 2, "active": 2,
@@ -204,23 +217,18 @@ shared traces whose only costly state is session-wide (:func:`built_once`, ``ing
 splitting it costs nothing, while kept whole it would leave one worker on it alone at the end."""
 
 
-SERIAL_FILES = frozenset({
+LONG_FIRST = (
+    "test_ci_workflow.py",
+    "test_pytest_plugin.py",
+    "test_dashboard_browser.py",
     "test_collector_watch.py",
-})
-"""The files that hold tests marked ``serial`` (tests/test_suite_setup.py checks the list)."""
-
-
-def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """``-m serial`` (``./setup.sh test``'s second pass) imports only :data:`SERIAL_FILES`.
-
-    Otherwise it would import and collect every test file (seconds of torch, duckdb and
-    streamlit imports, parametrisations over the shared traces) only to deselect all but a few
-    tests. Paths named on the command line are always collected (pytest does not ask this hook
-    about them), so ``pytest -m serial tests/test_x.py`` means what it says."""
-    if (config.getoption("markexpr") == "serial" and collection_path.suffix == ".py"
-            and collection_path.name.startswith("test_") and collection_path.name not in SERIAL_FILES):
-        return True
-    return None
+    "test_store_s3.py",
+    "test_collector_ddp.py",
+)
+"""Files of few tests that each run long (training processes, pytest sessions, a browser, an S3
+server), handed out before everything else. pytest-xdist hands out the files with the most tests
+first, so these would come last, and one worker would end the run on one of them alone (the CI
+workflow's one test is ~15 training processes in a row)."""
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -231,15 +239,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     A file's module-scoped fixtures (a store it ingests once for its tests) are then built once,
     and tests that share a file's state never race. (pytest-xdist's own ``loadgroup`` cannot do
     this under pytest 9, where a test's id can no longer be renamed.) Work goes out largest
-    file first, single tests last, so the workers finish together."""
+    file first, single tests last, so the workers finish together; :data:`LONG_FIRST` before all."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class FilesAndSpreadTests(LoadScopeScheduling):
+        long_first = False
+
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             return nodeid if path.rsplit("/", 1)[-1] in SPREAD else path
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.long_first:  # the queue is complete when the first unit goes out
+                for name in reversed(LONG_FIRST):
+                    for scope in [s for s in self.workqueue if s.rsplit("/", 1)[-1] == name]:
+                        self.workqueue.move_to_end(scope, last=False)
+                self.long_first = True
+            super()._assign_work_unit(node)
 
     return FilesAndSpreadTests(config, log)
 
@@ -290,6 +308,39 @@ def _streamlit_components_scanned_once() -> Iterator[None]:
     manifest_scanner.scan_component_manifests = lambda max_workers=None: list(found())
     yield
     manifest_scanner.scan_component_manifests = scan
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _streamlit_scripts_compiled_once() -> Iterator[None]:
+    """Each page script compiled once per test process instead of once per AppTest run.
+
+    Streamlit compiles a script (after rewriting its syntax tree for "magic") into a cache that
+    belongs to one AppTest, and the entry script into a new cache on every ``run()``: the
+    dashboard's app and nine pages cost ~0.16 s of CPU per AppTest, paid ~150 times a test run
+    (test_dashboard_every_trace alone opens every page of 52 traces). The cache here is keyed
+    by what the compilation reads (the file's path, size and modification time, and whether
+    magic is on), so a script that a test writes or changes is compiled again, as before.
+    Patched only where a test module already imported Streamlit, as the scan above."""
+    if "streamlit" not in sys.modules:
+        yield
+        return
+    from streamlit import config
+    from streamlit.runtime.scriptrunner.script_cache import ScriptCache
+
+    compile_script = ScriptCache.get_bytecode
+
+    @functools.lru_cache(maxsize=256)
+    def compiled(path: str, size: int, mtime_ns: int, magic: bool) -> Any:
+        return compile_script(ScriptCache(), path)
+
+    def get_bytecode(self: ScriptCache, script_path: str) -> Any:
+        path = os.path.abspath(script_path)
+        stat = os.stat(path)
+        return compiled(path, stat.st_size, stat.st_mtime_ns, bool(config.get_option("runner.magicEnabled")))
+
+    ScriptCache.get_bytecode = get_bytecode  # type: ignore[method-assign]
+    yield
+    ScriptCache.get_bytecode = compile_script  # type: ignore[method-assign]
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,9 @@ load rank 1 once took 4x and over 100 ms longer at step 64, with no stall inject
 watch rightly counts; so the injected stall is made unmistakable against such slowness instead:
 the threshold is well above what a busy machine adds to one step, and the stall twice the
 threshold, so every assertion on exactly which steps were slow stays as strict as it was.
+That makes the file hold beside the rest of the suite (it passed at load 7-10, with the
+suite's two workers running), so it runs beside the rest, not on a machine of its own: a
+watch that needs a quiet machine to name the right rank would be the defect (issue 20, item 5).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from stepscope.store import open_store  # noqa: E402
 from tests.conftest import load_raw  # noqa: E402
 from tests.watch_support import WatchJob, run_job  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # judges fresh timings: runs alone
+pytestmark = pytest.mark.slow  # judges fresh timings, on a loaded machine too: runs beside the other tests
 
 WATCH = stepscope.Watch(slow_factor=4, min_slow_ms=750, warmup_steps=15, every=10, capture_steps=3,
                         max_per_hour=1, timeout_s=5)

@@ -23,7 +23,7 @@ from stepscope.errors import Inconclusive, StoreError, UsageError
 from stepscope.store import open_store
 from stepscope.store.ingest import ingest_paths
 from tests._store_versions import as_older_version
-from tests.conftest import REPO, built_once, load_raw, write_trace
+from tests.conftest import REPO, built_once, copy_run, load_raw, sample_store, write_trace
 
 SAMPLES = REPO / "sample_traces"
 MULTI_RANK = ("gloo-3ranks-late", "gloo-3ranks-even", "pp-1f1b-3stages-slow", "ddp-gloo-2ranks", "pp-gpipe-3stages",
@@ -33,9 +33,12 @@ SHARED_WITH_STEPS = ("hta/trace_diff/control/control.json.gz", "hta/nccl_parser_
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The runs of ``MULTI_RANK`` in one store, copied from the session's store of each sample
+    run (:func:`tests.conftest.sample_store`, ingested once per test run) rather than ingested
+    again (:func:`tests.conftest.copy_run` writes what their ingest writes)."""
     def build(folder: Path) -> None:
         for name in MULTI_RANK:
-            assert ingest_paths(sorted((SAMPLES / name).glob("rank*.pt.trace.json.gz")), folder, name).ok
+            copy_run(sample_store(tmp_path_factory, name), folder, name)
 
     return open_store(built_once(tmp_path_factory, "critical-path-samples", build))
 
@@ -179,9 +182,8 @@ def test_migrate_from_version_3_writes_the_edges(store: Any, tmp_path: Path, cap
     query = "SELECT * FROM rank_edges WHERE run = 'gloo-3ranks-late' ORDER BY rank, host_ts_ns, kind, dep_ts_ns"
     before = store.sql(query).to_pylist()
     copy = tmp_path / "store"
-    shutil.copytree(store.root, copy)
+    copy_run(Path(store.root), copy, "gloo-3ranks-late")  # the run whose edges are compared
     shutil.rmtree(copy / ".compact", ignore_errors=True)
-    shutil.rmtree(copy / "cache", ignore_errors=True)
     as_older_version(copy, 3, ("rank_edges",))
     with pytest.raises(StoreError, match=r"schema version 3, older .*stepscope migrate --store"):
         open_store(copy)

@@ -7,7 +7,6 @@ from the raw JSON (events, collectives, copies), the page is checked against tha
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path
@@ -23,29 +22,17 @@ from stepscope.analysis.summary import build_summary  # noqa: E402
 from stepscope.units import duration  # noqa: E402
 from stepscope.store import open_store  # noqa: E402
 from stepscope.store.ingest import ingest_paths  # noqa: E402
-from tests._dashboard_stores import build_sample_store  # noqa: E402
-from tests.conftest import REPO, built_once, load_raw  # noqa: E402
+from tests._dashboard_stores import SHARED_RUNS, build_sample_store, build_shared_store  # noqa: E402
+from tests.conftest import REPO, load_raw  # noqa: E402
 
 APP = REPO / "stepscope" / "dashboard" / "app.py"
 PAGES = ("runs", "overview", "communication", "copies", "memory", "kernels", "pipeline", "compare", "sql")
-SHARED_RUNS = {
-    "control": ["hta/trace_diff/control/control.json.gz"],
-    "test": ["hta/trace_diff/test/test.json.gz"],
-    "sampled": ["hta/trace_filter/sampled_rank-0.json.gz", "hta/trace_filter/sampled_rank-1.json.gz"],
-    "dfir": ["hta/df_index_resolver/df_index_resolver.json.gz"],
-}
-
-
-def _ingest_shared_runs(shared_traces: Path, root: Path) -> None:
-    for run, files in SHARED_RUNS.items():
-        report = ingest_paths([shared_traces / f for f in files], root, run)
-        assert report.ok, report.errors
 
 
 @pytest.fixture(scope="session")
 def shared_store(tmp_path_factory: pytest.TempPathFactory, shared_traces: Path) -> Path:
-    """The runs of ``SHARED_RUNS`` in one store, built once per test run for every xdist worker."""
-    return built_once(tmp_path_factory, "dash-shared", functools.partial(_ingest_shared_runs, shared_traces))
+    """The runs of ``SHARED_RUNS`` in one store (skipped without ../shared/traces)."""
+    return build_shared_store(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -167,6 +154,16 @@ def test_overview_step_filter_selects_rows(shared_store: Path, monkeypatch: pyte
     assert_clean(at)
     assert list(table_with(at, "comm_exposed_ms")["step"]) == [3, 4]
     assert at.query_params["steps"] in ("3-4", ["3-4"])
+
+
+def test_communication_warns_of_the_late_rank(sample_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The late sample's ``comm.late_rank`` finding, as the summary words it, is on the page."""
+    at = open_page(sample_store, "communication", monkeypatch, run="gloo-3ranks-late")
+    assert_clean(at)
+    with open_store(sample_store) as store:
+        late = [f["message"] for f in build_summary(store, "gloo-3ranks-late")["findings"]
+                if f["rule"] == "comm.late_rank"]
+    assert late and [w.value for w in at.warning] == late
 
 
 @pytest.mark.shared
@@ -416,15 +413,14 @@ def test_runs_page_lists_captures_next_to_the_schedule(tmp_path: Path, monkeypat
 
 
 @pytest.mark.shared
-def test_overview_of_a_run_without_steps_states_the_whole_trace(shared_traces: Path, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_overview_of_a_run_without_steps_states_the_whole_trace(ingested, monkeypatch: pytest.MonkeyPatch) -> None:
     """param/resnet_kineto has no ProfilerStep: no green "No finding", but the summary's
     whole-trace verdict (its parts over the trace, idle included) and how to mark steps."""
-    assert ingest_paths([shared_traces / "param/resnet_kineto.json.gz"], tmp_path / "s", "r").ok
-    at = open_page(tmp_path / "s", "overview", monkeypatch)
+    store_root = ingested("param/resnet_kineto.json.gz")
+    at = open_page(store_root, "overview", monkeypatch)
     assert_clean(at)
-    with open_store(tmp_path / "s") as store:
-        whole = build_summary(store, "r")["verdict"]["whole_trace"]
+    with open_store(store_root) as store:
+        whole = build_summary(store, "t")["verdict"]["whole_trace"]
     assert any(m.value.startswith(f"**Whole trace**: {whole['statement']}") for m in at.markdown)
     assert [(m.label, m.value) for m in at.metric] == [(b["label"], duration(b["ns"])) for b in whole["bound_by"]]
     assert any(c.value == whole["how_to_mark_steps"] for c in at.caption)

@@ -18,14 +18,13 @@ from pathlib import Path
 import pytest
 
 from tests._browser import Browser, find_chromium, free_port, wait_http
-from tests._dashboard_stores import build_sample_store
-from tests.conftest import REPO, SHARED_TRACES, built_once
+from tests._dashboard_stores import build_sample_store, build_shared_store
+from tests.conftest import REPO, SHARED_TRACES, built_once, copy_run
 
 SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
-SHARED_RUNS = {
-    "sampled": ["hta/trace_filter/sampled_rank-0.json.gz", "hta/trace_filter/sampled_rank-1.json.gz"],
-    "control": ["hta/trace_diff/control/control.json.gz"],
-}
+SHARED_RUNS_SHOWN = ("sampled", "control")
+"""The runs of ``tests._dashboard_stores.SHARED_RUNS`` the browser opens: ``sampled`` against
+the baseline ``control``."""
 MIN_CHARTS_ON_SHARED = {"overview": 4, "communication": 1, "copies": 3, "kernels": 3, "compare": 1}
 """Charts each page must draw for the shared run ``sampled`` against baseline ``control``."""
 PAGES = ("overview", "runs", "communication", "copies", "memory", "kernels", "pipeline", "compare", "sql")
@@ -41,14 +40,14 @@ def chromium() -> str:
 
 def _browser_store(tmp_path_factory: pytest.TempPathFactory, root: Path) -> None:
     """The sample runs (a copy of the shared sample store, without the analysis cache that
-    other tests may be writing into it meanwhile), plus the runs of ``SHARED_RUNS`` when
-    ../shared is there."""
-    from stepscope.store.ingest import ingest_paths
-
+    other tests may be writing into it meanwhile), plus the runs ``SHARED_RUNS_SHOWN`` when
+    ../shared is there, copied from the dashboard tests' store of shared runs (ingested once
+    per test run: :func:`tests._dashboard_stores.build_shared_store`)."""
     shutil.copytree(build_sample_store(tmp_path_factory), root, ignore=shutil.ignore_patterns("cache", "*.tmp"))
     if SHARED_TRACES.is_dir():
-        for run, files in SHARED_RUNS.items():
-            assert ingest_paths([SHARED_TRACES / f for f in files], root, run).ok
+        shared = build_shared_store(tmp_path_factory)
+        for run in SHARED_RUNS_SHOWN:
+            copy_run(shared, root, run)
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,13 @@ pytest.importorskip("streamlit")
 
 from stepscope.analysis.pipeline import pipeline_analysis  # noqa: E402
 from stepscope.store import open_store  # noqa: E402
-from stepscope.store.ingest import ingest_paths  # noqa: E402
-from tests.conftest import REPO  # noqa: E402
+from tests.conftest import copy_run  # noqa: E402
 from tests.test_dashboard_apptest import assert_clean, open_page, table_with  # noqa: E402
 
 
-def test_pipeline_page_on_the_slow_stage_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pipeline_page_on_the_slow_stage_run(sample_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "s"
-    assert ingest_paths([REPO / "sample_traces" / "pp-1f1b-3stages-slow"], root, "slow").ok
+    copy_run(sample_run("pp-1f1b-3stages-slow"), root, "pp-1f1b-3stages-slow", as_run="slow")
     at = open_page(root, "pipeline", monkeypatch, run="slow")
     assert_clean(at)
     metrics = {m.label: m.value for m in at.metric}

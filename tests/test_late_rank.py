@@ -22,7 +22,7 @@ from stepscope.store import open_store
 from stepscope.store.ingest import ingest_paths
 from tests import rawmatch
 from tests._intervals import clip, intersect, length, subtract, union
-from tests.conftest import REPO, load_raw, write_trace
+from tests.conftest import REPO, copy_run, load_raw, write_trace
 from tests.rawcalc import comm_kernels, kernels, span_ns, step_windows
 
 SAMPLES = REPO / "sample_traces"
@@ -46,13 +46,14 @@ def _shifted(path: Path, rank: int, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """One store, four runs: late and even as recorded, and each with its ranks' clocks shifted."""
+def store(tmp_path_factory: pytest.TempPathFactory, sample_run) -> Any:
+    """One store, four runs: late and even as recorded (copied from the session's sample stores),
+    and each with its ranks' clocks shifted."""
     root = tmp_path_factory.mktemp("late")
     for name in ("late", "even"):
         files = _files(f"gloo-3ranks-{name}")
         assert len(files) == 3
-        assert ingest_paths(files, root / "store", name).ok
+        copy_run(sample_run(f"gloo-3ranks-{name}"), root / "store", f"gloo-3ranks-{name}", as_run=name)
         shifted = [_shifted(p, r, root / f"{name}-shifted") for r, p in enumerate(files)]
         assert ingest_paths(shifted, root / "store", f"{name}-shifted").ok
     return open_store(root / "store")

@@ -17,7 +17,6 @@ import pytest
 from stepscope.analysis.breakdown import host_breakdown, step_breakdown
 from stepscope.analysis.summary import build_summary
 from stepscope.store import open_store
-from stepscope.store.ingest import ingest_paths
 from tests._intervals import length, union
 from tests.conftest import REPO, SHARED_TRACES
 
@@ -88,14 +87,13 @@ def test_findings_agree_with_the_step_on_every_sample(sample: str, sample_run) -
     check_one_truth(open_store(sample_run(sample)), sample)
 
 
-def test_a_run_without_steps_gets_a_whole_trace_verdict(shared_traces: Path, tmp_path: Path) -> None:
+def test_a_run_without_steps_gets_a_whole_trace_verdict(shared_traces: Path, ingested) -> None:
     """param/resnet_kineto: no ProfilerStep. Its one window is the span of its GPU work (raw
     JSON: first kernel/copy start to the last end), busy 4.73 s of 14.5 s; the rest is idle the
     host left (every gap ends at work launched after it began)."""
     from tests.conftest import load_raw
 
-    assert ingest_paths([shared_traces / "param/resnet_kineto.json.gz"], tmp_path / "s", "r").ok
-    doc = build_summary(open_store(tmp_path / "s"), "r")
+    doc = build_summary(open_store(ingested("param/resnet_kineto.json.gz")), "t")
     v = doc["verdict"]
     assert v["basis"] is None and "ProfilerStep" in v["absent_reasons"]["step_ns"]
     whole = v["whole_trace"]

@@ -1,6 +1,4 @@
-"""The suite's own set-up (tests/conftest.py): the serial pass of ``./setup.sh test`` imports
-only the files that :data:`SERIAL_FILES` lists, so a ``serial`` marker anywhere else would
-silently never run."""
+"""The suite's own set-up (tests/conftest.py): the helpers that assemble the tests' stores."""
 
 from __future__ import annotations
 
@@ -8,30 +6,21 @@ import json
 import re
 from pathlib import Path
 
-from tests.conftest import SERIAL_FILES
-
-TESTS = Path(__file__).resolve().parent
-MARK = re.compile(r"pytest\.mark\.serial\b")
-
-
-def test_serial_files_are_exactly_those_with_serial_tests() -> None:
-    marked = {path.name for path in TESTS.glob("test_*.py") if MARK.search(path.read_text(encoding="utf-8"))}
-    assert marked - {Path(__file__).name} == SERIAL_FILES
-
 
 def test_a_copied_run_is_what_ingesting_it_writes(sample_run, tmp_path: Path) -> None:
     """:func:`tests.conftest.copy_run` (how the dashboard tests' store of every sample run is
-    assembled) gives, file for file, the store that ingesting the same runs into one store does."""
+    assembled) gives, file for file, the store that ingesting the same runs into one store does,
+    also under a name of the test's own (``as_run``)."""
     import pyarrow.parquet as pq
 
     from stepscope.store.ingest import ingest_paths
     from tests.conftest import REPO, copy_run
 
-    runs = ("gloo-3ranks-even", "gloo-3ranks-late")
+    runs = {"gloo-3ranks-even": "gloo-3ranks-even", "gloo-3ranks-late": "late"}  # sample -> run name
     copied, ingested = tmp_path / "copied", tmp_path / "ingested"
-    for run in runs:
-        copy_run(sample_run(run), copied, run)
-        assert ingest_paths([REPO / "sample_traces" / run], ingested, run).ok
+    for sample, run in runs.items():
+        copy_run(sample_run(sample), copied, sample, as_run=run)
+        assert ingest_paths([REPO / "sample_traces" / sample], ingested, run).ok
 
     def files(store: Path) -> dict[str, Path]:
         """Relative name -> file, the compacted files' random token left out of the name."""

@@ -106,6 +106,6 @@ if shown(result, "Communication"):
             st.caption("Clock offsets: each rank's clock against the reference rank's, from the end times of "
                        "matched collectives (they end together); corrected when larger than their spread.")
             data_table(ns_to_ms(select(frame(result.clock_offsets), ctx)))
-        suspects = [f for f in ctx.findings() if f.rule == "comm.late_rank"]
+        suspects = [f for f in ctx.findings() if f["rule"] == "comm.late_rank"]
         for f in suspects:
-            st.warning(f.message, icon=":material/warning:")
+            st.warning(f["message"], icon=":material/warning:")

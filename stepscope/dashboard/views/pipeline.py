@@ -32,8 +32,8 @@ if shown(result, "Pipeline"):
                + ". Ideal: (p - 1) / (v m + p - 1). Bubble: step time not covered by work, split into fill "
                  "(before the first forward), wait (between microbatches) and drain (after the last backward).")
     for finding in ctx.findings():
-        if finding.rule == "pipeline.bubble":
-            st.warning(finding.message, icon=":material/warning:")
+        if finding["rule"] == "pipeline.bubble":
+            st.warning(finding["message"], icon=":material/warning:")
 
     stages = ns_to_ms(select(frame(result.stage_table()), ctx))
     spans = ns_to_ms(select(frame(result.span_table()), ctx))
@@ -91,5 +91,5 @@ if shown(mfu, "MFU"):
         data_table(ns_to_ms(select(frame(families), ctx, step=None)), "Per op family: FLOPs over the time of the "
                    "kernels the family's ops launched (their own CPU time on a CPU-only rank)")
     for finding in ctx.findings():
-        if finding.rule == "mfu.low":
-            st.warning(finding.message, icon=":material/warning:")
+        if finding["rule"] == "mfu.low":
+            st.warning(finding["message"], icon=":material/warning:")
