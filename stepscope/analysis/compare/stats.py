@@ -253,16 +253,14 @@ class Load:
         """How much the baseline's CPU time may be too high: its most inflated run's
         (:func:`run_inflations`), or :data:`LOAD_INFLATION_PAST_CEILING` when a run of it is past
         the ceiling."""
-        allowed = max(run_inflations(self.baseline, self.baseline_preemption))
-        return max(allowed, LOAD_INFLATION_PAST_CEILING) if self.baseline_too_loaded else allowed
+        return _side_inflation(self.baseline, self.baseline_preemption, self.baseline_too_loaded)
 
     @property
     def candidate_inflation(self) -> float:
         """How much the candidate's CPU time may be too high: its most inflated run's
         (:func:`run_inflations`), or :data:`LOAD_INFLATION_PAST_CEILING` when a run of it is past
         the ceiling."""
-        allowed = max(run_inflations(self.candidate, self.candidate_preemption))
-        return max(allowed, LOAD_INFLATION_PAST_CEILING) if self.candidate_too_loaded else allowed
+        return _side_inflation(self.candidate, self.candidate_preemption, self.candidate_too_loaded)
 
     @property
     def baseline_too_loaded(self) -> bool:
@@ -293,6 +291,13 @@ class Load:
                 "candidate_too_loaded": self.candidate_too_loaded,
                 "baseline_preemption": side(self.baseline, self.baseline_preemption),
                 "candidate_preemption": side(self.candidate, self.candidate_preemption)}
+
+
+def _side_inflation(loads: Sequence[float], found: Sequence[Preemption | None], too_loaded: bool) -> float:
+    """How much one side's CPU time may be too high: its most inflated run's
+    (:func:`run_inflations`), at least :data:`LOAD_INFLATION_PAST_CEILING` when it is too loaded."""
+    allowed = max(run_inflations(loads, found))
+    return max(allowed, LOAD_INFLATION_PAST_CEILING) if too_loaded else allowed
 
 
 def _each_run(loads: Sequence[float], found: Sequence[Preemption | None]) -> list[Preemption | None]:
