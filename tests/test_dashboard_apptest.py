@@ -121,8 +121,9 @@ def test_overview_shows_the_step_breakdown(shared_store: Path, monkeypatch: pyte
     assert_clean(at)
     assert not at.dataframe and not at.json  # the first render: no table or evidence until opened
     assert not at.get("iframe")  # nor the rank's whole trace, which the Perfetto button carries
+    assert len(at.get("vega_lite_chart")) == 1  # and the first chart only: the step timeline
     at = open_page(shared_store, "overview", monkeypatch, run="dfir",
-                   opened=("gpu_table", "gpu_totals_table", "finding:0", "perfetto"))
+                   opened=("gpu_breakdown", "gpu_table", "gpu_totals_table", "finding:0", "perfetto"))
     assert_clean(at)
     assert len(at.get("iframe")) == 1  # opened: the rank's trace, handed to Perfetto in one click
     with open_store(shared_store) as store:
@@ -150,7 +151,8 @@ def test_overview_shows_the_step_breakdown(shared_store: Path, monkeypatch: pyte
 
 @pytest.mark.shared
 def test_overview_step_filter_selects_rows(shared_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    at = open_page(shared_store, "overview", monkeypatch, run="dfir", steps="3-4", opened=("gpu_table",))
+    at = open_page(shared_store, "overview", monkeypatch, run="dfir", steps="3-4",
+                   opened=("gpu_breakdown", "gpu_table"))
     assert_clean(at)
     assert list(table_with(at, "comm_exposed_ms")["step"]) == [3, 4]
     assert at.query_params["steps"] in ("3-4", ["3-4"])
@@ -366,7 +368,7 @@ def test_overview_plots_every_timed_step(tmp_path: Path, monkeypatch: pytest.Mon
     rows = [{"source": source, "step": s, "start_ns": s * 10**8, "wall_ns": (50 + s) * 10**6, "gpu_ns": None,
              "profiled": s in (7, 8), "tokens": 1024, "samples": 4} for s in range(12)]
     write_partition(root, "step_times", "cpu", 0, source, pa.Table.from_pylist(rows, schema=STEP_TIMES))
-    at = open_page(root, "overview", monkeypatch, opened=("step_times_table",))
+    at = open_page(root, "overview", monkeypatch, opened=("step_time_over_run", "step_times_table"))
     assert_clean(at)
     shown = table_with(at, "step", "wall_ms", "profiled")
     assert sorted(shown["step"]) == list(range(12))

@@ -221,6 +221,9 @@ def test_dashboard_charts_use_the_catalogue_labels_and_colours(monkeypatch: pyte
     at.run()
     at.switch_page("views/overview.py")
     at.run()
+    for section in ("gpu_breakdown", "host_breakdown"):  # drawn when opened
+        at.session_state[section] = True
+    at.run()
     assert not at.exception, [e.value for e in at.exception]
     scales = []
     for chart in at.get("vega_lite_chart"):

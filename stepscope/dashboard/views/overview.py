@@ -1,5 +1,6 @@
-"""Overview: the verdict first, then one step across ranks over time, then where each step's time
-goes per rank and per step, and the step time over the run."""
+"""Overview: the verdict first, then one step across ranks over time; where each step's time goes
+per rank and per step, and the step time over the run, drawn when opened (a first open computes
+and sends what the page shows first: the verdict and the first chart)."""
 
 from __future__ import annotations
 
@@ -291,6 +292,20 @@ def breakdown_section(analysis, breakdown, what: str, caption: str | None = None
         on_demand(f"{what} table (ms)", f"{breakdown.name}_table", lambda: data_table(ns_to_ms(steps)))
 
 
+def gpu_section() -> None:
+    """The GPU breakdown's charts and table, and the whole-trace GPU totals."""
+    breakdown_section(step_breakdown, GPU, "Step breakdown")
+    gpu_totals()
+
+
+def host_section() -> None:
+    """The host breakdown's charts and table, with the order in which its parts claim an instant."""
+    *claiming, rest = HOST.parts
+    breakdown_section(host_breakdown, HOST, "Host breakdown",
+                      "Over all of the rank's threads; an instant goes to the first of these active, in this order: "
+                      f"{', '.join(p.label for p in claiming)}; {rest.label}: none of them.")
+
+
 @st.fragment
 def gpu_totals() -> None:
     """HTA-style whole-trace totals per rank, drawn when opened (ranks without GPU events: the
@@ -352,15 +367,7 @@ st.subheader("One step across ranks")
 with guarded("Step timeline"):
     show_timeline(found)
 
-st.subheader("Where each step's GPU time goes")
-breakdown_section(step_breakdown, GPU, "Step breakdown")
-
-st.subheader("Where each step's host (CPU) time goes")
-*claiming, rest = HOST.parts
-breakdown_section(host_breakdown, HOST, "Host breakdown",
-                  "Over all of the rank's threads; an instant goes to the first of these active, in this order: "
-                  f"{', '.join(p.label for p in claiming)}; {rest.label}: none of them.")
-gpu_totals()
-
-st.subheader("Step time over the whole run")
-step_time_over_run()
+st.subheader("Where the time goes")
+on_demand("Where each step's GPU time goes", "gpu_breakdown", gpu_section, icon=":material/bar_chart:")
+on_demand("Where each step's host (CPU) time goes", "host_breakdown", host_section, icon=":material/bar_chart:")
+on_demand("Step time over the whole run", "step_time_over_run", step_time_over_run, icon=":material/show_chart:")
