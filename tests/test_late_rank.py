@@ -215,3 +215,65 @@ def test_step_timeline_tiles_each_rank_as_its_breakdown(store: Any, pair: tuple[
             assert mine[-1]["t1_ns"] - mine[0]["t0_ns"] == row["dur_ns"]
     marks = late_marks(store, "late", 3).to_pylist()
     assert [m["rank"] for m in marks] == [2] and marks[0]["others_wait_ns"] > 50e6
+
+
+def _bars_slice_by_slice(segments: list[dict], slices: int) -> list[tuple]:
+    """``drawn_bars`` counted in Python, slice by slice: per rank, each slice's time per part,
+    the part with most (ties: its name), runs of one part joined."""
+    origin = min(s["t0_ns"] for s in segments)
+    width = max(1, -(-(max(s["t1_ns"] for s in segments) - origin) // slices))
+    bars = []
+    for rank in sorted({s["rank"] for s in segments}):
+        ruled = []
+        for i in range(slices):
+            lo, hi = origin + i * width, origin + (i + 1) * width
+            held: dict[str, list[int]] = {}
+            for s in segments:
+                if s["rank"] == rank and s["t0_ns"] < hi and s["t1_ns"] > lo:
+                    h = held.setdefault(s["part"], [0, hi, lo, 0])
+                    h[0] += min(s["t1_ns"], hi) - max(s["t0_ns"], lo)
+                    h[1], h[2] = min(h[1], max(s["t0_ns"], lo)), max(h[2], min(s["t1_ns"], hi))
+                    h[3] += s["t0_ns"] >= lo
+            if held:
+                part = min(held, key=lambda p: (-held[p][0], p))
+                ruled.append((i, part, *held[part]))
+        for i, part, ns, c0, c1, begun in ruled:
+            last = bars[-1] if bars else None
+            if last and last[0] == rank and last[1] == part and last[-1] == i - 1:
+                bars[-1] = (rank, part, last[2], c1, last[4] + ns, last[5] + begun, i)
+            else:
+                bars.append((rank, part, c0, c1, ns, begun, i))
+    return sorted(b[:6] for b in bars)
+
+
+def test_drawn_bars_are_the_ruling_part_of_each_slice(store: Any, pair: tuple[Any, list[Path]]) -> None:
+    """The timeline as drawn (``drawn_bars``) against the same rule counted slice by slice in
+    Python, on a host run and a real GPU pair; and drawing it takes fewer bars than segments."""
+    from stepscope.analysis.timeline import drawn_bars, step_timeline
+
+    for st, run, step in ((store, "late", 3), (pair[0], "pair", 552)):
+        segments = step_timeline(st, run, step)
+        bars = drawn_bars(segments, slices=120)
+        got = sorted((b["rank"], b["part"], b["t0_ns"], b["t1_ns"], b["part_ns"], b["segments"]) for b in bars.to_pylist())
+        assert got == _bars_slice_by_slice(segments.to_pylist(), 120), run
+        assert bars.num_rows < segments.num_rows, run
+
+
+def test_drawn_bars_by_hand() -> None:
+    """A 1 ns wait inside compute is drawn as compute (it rules no slice); a 10 ns wait keeps its
+    place; the compute bar says how much of it is compute."""
+    import pyarrow as pa
+
+    from stepscope.analysis.timeline import drawn_bars
+
+    rows = [(0, "compute", 0, 10), (0, "comm_wait", 10, 11), (0, "compute", 11, 20), (0, "comm_wait", 20, 30),
+            (0, "compute", 30, 40)]
+    segments = pa.table({k: [r[i] for r in rows] for i, k in enumerate(("rank", "part", "t0_ns", "t1_ns"))})
+    assert drawn_bars(segments, slices=8).to_pylist() == [
+        {"rank": 0, "part": "compute", "t0_ns": 0, "t1_ns": 20, "part_ns": 19, "segments": 2},
+        {"rank": 0, "part": "comm_wait", "t0_ns": 20, "t1_ns": 30, "part_ns": 10, "segments": 1},
+        {"rank": 0, "part": "compute", "t0_ns": 30, "t1_ns": 40, "part_ns": 10, "segments": 1},
+    ]
+    tie = pa.table({"rank": [1, 1], "part": ["idle", "compute"], "t0_ns": [0, 5], "t1_ns": [5, 10]})
+    assert drawn_bars(tie, slices=1).to_pylist() == [  # 5 ns each: the first name rules
+        {"rank": 1, "part": "compute", "t0_ns": 5, "t1_ns": 10, "part_ns": 5, "segments": 1}]

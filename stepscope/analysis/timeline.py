@@ -154,3 +154,58 @@ def late_marks(store: SQLStore, run: str, step: int, ranks: None = None) -> pa.T
     ORDER BY c.aligned_ts_ns, c.rank
     """
     return store.sql(query, {"run": run, "step": int(step)})
+
+
+DRAWN_SLICES = 1500
+"""Slices of a step the timeline is drawn at: about one pixel each across a wide page. A step
+of 8 small ranks has ~9,300 segments, ~1,100 of them a pixel wide at 1,000 px; drawing 4,000 of
+them cost a first open 1.2-1.6 s more than 300 (at load 5, measured), to draw nothing a screen
+could show."""
+
+
+def drawn_bars(segments: pa.Table, slices: int = DRAWN_SLICES) -> pa.Table:
+    """``segments`` (``step_timeline``'s rows: per rank, disjoint segments tiling its window) at
+    the resolution of ``slices`` equal slices of their span: per rank, each slice takes the part
+    that held most of its time (ties: the part's name), and consecutive slices of one part are
+    one bar. Columns: ``rank, part, t0_ns, t1_ns`` (from that part's first moment in the bar's
+    first slice to its last in the last slice), ``part_ns`` (that part's own time within the
+    bar: all of it where no other part interleaves) and ``segments`` (how many of the part's
+    segments begin within the bar).
+
+    What a renderer does to draw a line at its resolution: every stretch a pixel wide or more
+    keeps its place and length; where parts alternate faster than a slice, the slice shows the
+    one that ruled it, and ``part_ns`` says how much of the bar that part really holds."""
+    from stepscope.analysis._local import local_sql
+
+    query = """
+    WITH span AS (
+        SELECT min(t0_ns) AS origin, greatest(1, ceil((max(t1_ns) - min(t0_ns)) / $slices))::BIGINT AS width
+        FROM seg
+    ),
+    pieces AS (  -- each segment's share of each slice it touches
+        SELECT rank, part, t0_ns, t1_ns, origin, width,
+               unnest(range((t0_ns - origin) // width, (t1_ns - 1 - origin) // width + 1)) AS slice
+        FROM seg, span
+        WHERE t1_ns > t0_ns
+    ),
+    held AS (
+        SELECT rank, slice, part,
+               sum(least(t1_ns, origin + (slice + 1) * width) - greatest(t0_ns, origin + slice * width)) AS part_ns,
+               min(greatest(t0_ns, origin + slice * width)) AS c0,
+               max(least(t1_ns, origin + (slice + 1) * width)) AS c1,
+               count(*) FILTER (WHERE t0_ns >= origin + slice * width) AS segments
+        FROM pieces GROUP BY rank, slice, part
+    ),
+    ruling AS (
+        SELECT * FROM held
+        QUALIFY row_number() OVER (PARTITION BY rank, slice ORDER BY part_ns DESC, part) = 1
+    ),
+    islands AS (
+        SELECT *, slice - row_number() OVER (PARTITION BY rank, part ORDER BY slice) AS island FROM ruling
+    )
+    SELECT rank, part, min(c0) AS t0_ns, max(c1) AS t1_ns, sum(part_ns)::BIGINT AS part_ns,
+           sum(segments)::BIGINT AS segments
+    FROM islands GROUP BY rank, part, island
+    ORDER BY rank, t0_ns
+    """
+    return local_sql(query, {"slices": int(slices)}, seg=segments.select(["rank", "part", "t0_ns", "t1_ns"]))

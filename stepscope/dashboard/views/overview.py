@@ -8,13 +8,14 @@ import functools
 
 import altair as alt
 import pandas as pd
+import pyarrow as pa
 import streamlit as st
 
 from stepscope.analysis.absent import Absent
 from stepscope.analysis.breakdown import host_breakdown, rank_totals, step_breakdown, step_windows
 from stepscope.store.rankstats.parts import GPU, HOST, Part
 from stepscope.analysis.steps import step_times
-from stepscope.analysis.timeline import late_marks, step_timeline, timeline_parts
+from stepscope.analysis.timeline import DRAWN_SLICES, drawn_bars, late_marks, step_timeline, timeline_parts
 from stepscope.analysis.summary import summary_verdict
 from stepscope.dashboard._critical_path import critical_path_layer
 from stepscope.dashboard._data import context
@@ -147,7 +148,9 @@ def show_timeline(findings: list) -> None:
         tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("label:N", title="part"),
                  alt.Tooltip("start_ms:Q", title="from (ms)", format=",.3f"),
                  alt.Tooltip("end_ms:Q", title="to (ms)", format=",.3f"),
-                 alt.Tooltip("dur_ms:Q", title="duration (ms)", format=",.3f")])]
+                 alt.Tooltip("dur_ms:Q", title="duration (ms)", format=",.3f"),
+                 alt.Tooltip("part_ms:Q", title="of which this part (ms)", format=",.3f"),
+                 alt.Tooltip("segments:Q", title="segments begun in it")])]
     marks = frame(ctx.analysis(late_marks, step=int(step)))
     marks = marks[marks["rank"].isin(lanes)] if len(marks) else marks
     if len(marks):
@@ -163,8 +166,10 @@ def show_timeline(findings: list) -> None:
     chart(alt.layer(*layers).properties(height=max(160, min(720, 40 * len(lanes)))))
     st.caption("Black triangles: a rank arriving late at a collective the others waited in. "
                + ("Thin black bars: the step's critical path, rank by rank. " if path is not None else "")
-               + (f"{cut:,} segments shorter than the {TIMELINE_MAX_BARS:,} drawn are left out. " if cut else "")
-               + "Each bar is one stretch of one part (the step breakdown's rules, over time).")
+               + (f"{cut:,} bars shorter than the {TIMELINE_MAX_BARS:,} drawn are left out. " if cut else "")
+               + "Each bar is one stretch of one part (the step breakdown's rules, over time), drawn at "
+               f"1/{DRAWN_SLICES:,} of the step: where parts alternate faster, a bar shows the part that held "
+               "most of that time, and its tooltip how much of the bar that part holds.")
     on_demand("Open a rank's trace in Perfetto", "perfetto", functools.partial(_perfetto_picker, lanes, int(step)),
               icon=":material/open_in_new:")
 
@@ -182,9 +187,10 @@ def _perfetto_picker(lanes: list[int], step: int) -> None:
 @st.cache_data(show_spinner=False, max_entries=16)
 def _timeline_drawn(root: str, run: str, fingerprint: str, step: int, ranks: tuple[int, ...]):
     """What the step timeline draws of ``step`` for ``ranks``, once per (store, run, its sources,
-    step, ranks): the :data:`TIMELINE_MAX_BARS` longest segments with their labels and times in ms
-    since the step's first start, that start, the parts present (in the catalogue's order) and how
-    many segments were left out; the analysis's :class:`Absent` as it is. Kept small: a step of
+    step, ranks): the step's bars at the drawing resolution (:func:`drawn_bars`), the
+    :data:`TIMELINE_MAX_BARS` longest, with their labels and times in ms since the step's first
+    start, that start, the parts present (in the catalogue's order) and how many bars were left
+    out; the analysis's :class:`Absent` as it is. Kept small: a step of
     1,024 ranks has a million segments, which a new session should not copy and convert again;
     and only the columns the chart encodes, which the browser decodes and Vega copies per bar."""
     segments = ctx.analysis(step_timeline, step=step)
@@ -198,15 +204,17 @@ def _timeline_drawn(root: str, run: str, fingerprint: str, step: int, ranks: tup
     breakdown = GPU if data["breakdown"].iloc[0] == "gpu" else HOST
     present = set(data["part"].unique())
     order = [p for p in timeline_parts(breakdown) if p.name in present]
+    bars = frame(drawn_bars(pa.Table.from_pandas(data[["rank", "part", "t0_ns", "t1_ns"]], preserve_index=False)))
     cut = 0
-    if len(data) > TIMELINE_MAX_BARS:
-        keep = data["dur_ns"].nlargest(TIMELINE_MAX_BARS).index
-        cut = len(data) - len(keep)
-        data = data.loc[keep]
+    if len(bars) > TIMELINE_MAX_BARS:
+        keep = (bars["t1_ns"] - bars["t0_ns"]).nlargest(TIMELINE_MAX_BARS).index
+        cut = len(bars) - len(keep)
+        bars = bars.loc[keep]
     labels = {name: leaf.label for name, leaf in leaves.items()}
-    data = pd.DataFrame({"rank": data["rank"], "label": data["part"].map(labels),
-                         "start_ms": (data["t0_ns"] - origin) / NS_PER_MS,
-                         "end_ms": (data["t1_ns"] - origin) / NS_PER_MS, "dur_ms": data["dur_ns"] / NS_PER_MS})
+    data = pd.DataFrame({"rank": bars["rank"], "label": bars["part"].map(labels),
+                         "start_ms": (bars["t0_ns"] - origin) / NS_PER_MS, "end_ms": (bars["t1_ns"] - origin) / NS_PER_MS,
+                         "dur_ms": (bars["t1_ns"] - bars["t0_ns"]) / NS_PER_MS, "part_ms": bars["part_ns"] / NS_PER_MS,
+                         "segments": bars["segments"]})
     return data, origin, order, cut
 
 
