@@ -54,6 +54,34 @@ def test_unwritable_cache_still_answers(tmp_path: Path, ingested: Callable[[str]
     assert step_breakdown(open_store(root), "t").num_rows == 3
 
 
+def test_frames_written_without_fsync_and_a_torn_one_is_a_miss(
+    tmp_path: Path, sample_run: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Frames can be made again, so they are not fsynced (an fsync per file is most of a
+    dashboard's first-open writes); what a crash could leave instead (an empty file, an
+    absence with no reason) is recomputed, never served."""
+    import os
+
+    from stepscope.analysis.absent import Absent
+    from stepscope.analysis.breakdown import host_breakdown
+
+    root = copy_store(sample_run(CPU), tmp_path / "store")
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    fresh = host_breakdown(open_store(root), CPU)
+    assert isinstance(step_breakdown(open_store(root), CPU), Absent)  # no GPU: kept as an absence
+    assert synced == []
+    torn = list((root / "cache").glob(f"*/run={CPU}/*"))
+    assert {p.suffix for p in torn} == {".parquet", ".absent"}
+    for kept in torn:
+        kept.write_bytes(b"")
+    assert host_breakdown(open_store(root), CPU).equals(fresh)
+    again = step_breakdown(open_store(root), CPU)
+    assert isinstance(again, Absent) and again.reason
+    assert all(kept.stat().st_size > 0 for kept in torn)  # made again
+
+
 def test_summary_document_is_cached_per_run_and_rank_selection(tmp_path: Path, ingested: Callable[[str], Path]) -> None:
     from stepscope.analysis.summary import build_summary
 

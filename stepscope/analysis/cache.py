@@ -17,7 +17,9 @@ the file list it took when it opened, so nothing they answer changes while it is
 An ``Absent`` result is kept too, as its reason in ``<key>.absent``: deciding that a CPU-only run
 has no GPU breakdown runs the whole query (a quarter of a second on the sample runs), and the
 gate asks for it on every comparison. A store folder that cannot be written (read-only mount)
-just means no cache: the frame is computed and returned.
+just means no cache: the frame is computed and returned. Frames are replaced atomically but not
+fsynced (they can be made again): one that a crash left empty or torn is read as a miss. The
+summary's JSON is fsynced: ``stepscope summary --format json`` prints it without parsing it.
 """
 
 from __future__ import annotations
@@ -183,10 +185,10 @@ def _write(path: Path, result: pa.Table | Absent) -> None:
     frame's files of other keys."""
     if isinstance(result, Absent):
         kept = path.with_suffix(ABSENT_SUFFIX)
-        write_text_atomic(kept, result.reason)
+        write_text_atomic(kept, result.reason, durable=False)
     else:
         kept = path
-        with atomic_write(path) as handle:
+        with atomic_write(path, durable=False) as handle:
             pq.write_table(result, handle)
     for stale in [*path.parent.glob("*.parquet"), *path.parent.glob(f"*{ABSENT_SUFFIX}")]:
         if stale != kept:
@@ -203,7 +205,9 @@ def _read(path: Path) -> pa.Table | Absent | None:
             with pq.ParquetFile(path) as kept:
                 return kept.read()
         if absent.is_file():
-            return Absent(absent.read_text(encoding="utf-8"))
+            reason = absent.read_text(encoding="utf-8")
+            if reason:  # empty: torn by a crash (cache files are not fsynced), so a miss
+                return Absent(reason)
     except (OSError, pa.ArrowInvalid, UnicodeDecodeError) as exc:
         log.warning("%s: unreadable cache file, recomputing (%s)", path, exc)
     return None
