@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from stepscope.store.ingest import ingest_paths
-from tests.conftest import REPO, SHARED_TRACES, built_once, copy_run, sample_store, write_trace
+from tests.conftest import REPO, SHARED_TRACES, built_once, copy_run, ingested_store, sample_store, write_trace
 
 SHARED_RUNS = {
     "control": ["hta/trace_diff/control/control.json.gz"],
@@ -55,16 +55,23 @@ def build_sample_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def build_shared_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The runs of :data:`SHARED_RUNS` in one store, ingested once per test run and shared by
+    """The runs of :data:`SHARED_RUNS` in one store, made once per test run and shared by
     every file and xdist worker that opens them (the AppTests read it; the browser's store
     copies its runs from it)."""
-    return built_once(tmp_path_factory, "dash-shared", _ingest_shared_runs)
+    return built_once(tmp_path_factory, "dash-shared", functools.partial(_copy_shared_runs, tmp_path_factory))
 
 
-def _ingest_shared_runs(root: Path) -> None:
+def _copy_shared_runs(tmp_path_factory: pytest.TempPathFactory, root: Path) -> None:
+    """Each run of :data:`SHARED_RUNS` in ``root``, copied from the test run's store of its file,
+    or of the folder that holds its files and nothing else (:func:`tests.conftest.ingested_store`:
+    the every-trace sweep, the HTA cross-checks and others ingest the same inputs). A copied run
+    keeps the ingest time of the store it comes from, so which run is the newest (the one the
+    dashboard opens on) is not fixed: the tests name the run they open."""
     for run, files in SHARED_RUNS.items():
-        report = ingest_paths([SHARED_TRACES / f for f in files], root, run)
-        assert report.ok, report.errors
+        folder = Path(files[0]).parent
+        if len(files) > 1:
+            assert sorted(p.name for p in (SHARED_TRACES / folder).iterdir()) == sorted(Path(f).name for f in files)
+        copy_run(ingested_store(tmp_path_factory, files[0] if len(files) == 1 else folder.as_posix()), root, "t", run)
 
 
 def _ingest_samples(tmp_path_factory: pytest.TempPathFactory, root: Path) -> None:

@@ -88,21 +88,23 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
     return folder
 
 
-@pytest.fixture(scope="session")
-def ingested(tmp_path_factory: pytest.TempPathFactory, shared_traces: Path) -> Callable[[str], Path]:
-    """The store of one shared trace (run ``t``), ingested once per test run, shared by the
-    xdist workers (:func:`built_once`), keyed by the trace's path relative to ../shared/traces."""
+def ingested_store(tmp_path_factory: pytest.TempPathFactory, relative: str) -> Path:
+    """The store of one shared trace, or of a folder of a job's ranks (run ``t``), ingested once
+    per test run, shared by the xdist workers (:func:`built_once`), keyed by the path relative to
+    ../shared/traces."""
     from stepscope.store.ingest import ingest_paths
 
-    def build(relative: str, store: Path) -> None:
-        report = ingest_paths([shared_traces / relative], store, "t")
+    def build(store: Path) -> None:
+        report = ingest_paths([SHARED_TRACES / relative], store, "t")
         assert report.ok, report.errors
 
-    def get(relative: str) -> Path:
-        name = "ingested-" + hashlib.sha256(relative.encode()).hexdigest()[:16]
-        return built_once(tmp_path_factory, name, functools.partial(build, relative))
+    return built_once(tmp_path_factory, "ingested-" + hashlib.sha256(relative.encode()).hexdigest()[:16], build)
 
-    return get
+
+@pytest.fixture(scope="session")
+def ingested(tmp_path_factory: pytest.TempPathFactory, shared_traces: Path) -> Callable[[str], Path]:
+    """:func:`ingested_store` by path (skipped without ../shared/traces)."""
+    return functools.partial(ingested_store, tmp_path_factory)
 
 
 def sample_store(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import tempfile
 import threading
@@ -27,7 +28,8 @@ import pyarrow as pa
 
 from stepscope.errors import InternalError, StoreError, UsageError
 from stepscope.store import compact, schema
-from stepscope.store.engine import DEFAULT_MEMORY_LIMIT, MEMORY_LIMIT_ENV, THREADS, connect, resolve_memory_limit
+from stepscope.store.engine import (DEFAULT_MEMORY_LIMIT, MEMORY_LIMIT_ENV, THREADS, connect, resolve_memory_limit,
+                                    scratch)
 from stepscope.store.location import is_url, store_files
 
 __all__ = ["DEFAULT_MEMORY_LIMIT", "MEMORY_LIMIT_ENV", "THREADS", "Store", "connect", "open_store",
@@ -46,8 +48,31 @@ def _sql_string(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def _sql_identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _sql_list(paths: list[str]) -> str:
     return "[" + ", ".join(_sql_string(p) for p in paths) + "]"
+
+
+@functools.lru_cache(maxsize=None)
+def _empty_columns(name: str) -> str:
+    """The columns of table ``name`` with ``run`` and ``rank``, typed as DuckDB types them reading
+    a part, as a column list for ``CREATE TABLE``: the relation a view reads where the table has
+    no part, or under the parts of a table that gained columns. Found once per process, through
+    an empty Parquet file (not ``Schema.empty_table``: it imports pandas, a second; nor an Arrow
+    table handed to DuckDB, whose import of one loads pandas); a store's every open, ~8 tables,
+    then writes and removes no file (~18 ms of an open's ~105 on a one-trace store)."""
+    import pyarrow.parquet as pq
+
+    fields = [*schema.TABLES[name].schema, pa.field("run", pa.string()), pa.field("rank", pa.int32())]
+    empty = pa.Table.from_arrays([pa.nulls(0, f.type) for f in fields], schema=pa.schema(fields))
+    with tempfile.TemporaryDirectory(prefix="stepscope-empty-") as folder:
+        path = str(Path(folder) / f"{name}.parquet")
+        pq.write_table(empty, path)
+        columns = scratch().execute(f"DESCRIBE SELECT * FROM read_parquet({_sql_string(path)})").fetchall()
+    return ", ".join(f"{_sql_identifier(column)} {column_type}" for column, column_type, *_ in columns)
 
 
 MEMO_ENTRIES = 256
@@ -131,19 +156,8 @@ class Store:
             )
 
     def _empty_relation(self, table: schema.Table) -> None:
-        fields = [*table.schema, pa.field("run", pa.string()), pa.field("rank", pa.int32())]
-        # (not ``Schema.empty_table``: it imports pandas, a second of every open)
-        empty = pa.Table.from_arrays([pa.nulls(0, f.type) for f in fields], schema=pa.schema(fields))
         # A table of the database, not a registered Arrow object: every session() sees it too.
-        # Through an empty Parquet file, typed as DuckDB reads the parts (DuckDB's import of an
-        # Arrow table loads pandas).
-        import pyarrow.parquet as pq
-
-        with tempfile.TemporaryDirectory(prefix="stepscope-empty-") as folder:
-            path = str(Path(folder) / f"{table.name}.parquet")
-            pq.write_table(empty, path)
-            self._con.execute(f"CREATE OR REPLACE TABLE _empty_{table.name} AS "
-                              f"SELECT * FROM read_parquet({_sql_string(path)})")
+        self._con.execute(f"CREATE OR REPLACE TABLE _empty_{table.name} ({_empty_columns(table.name)})")
 
     def _base(self, table: schema.Table) -> str:
         """The relation a table's view selects from: the compacted files of the runs that have
