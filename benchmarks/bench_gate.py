@@ -12,7 +12,10 @@ made wider). The batch of each slowdown is **calibrated** first, in this process
 thread's CPU time per step (the measure the gate judges) is measured for the candidate batches,
 interleaved with the unchanged one, and each batch is scaled twice by its measured shortfall
 from 1.3x and 4x (a batch 1.3 times as large is not 1.3 times the CPU time: per-step costs that
-do not grow with the batch, and caches, bend it). Under heavy load the calibration is noisy
+do not grow with the batch, and caches, bend it). Each part is calibrated in its own measure:
+the compare part's runs profile one step of 20, so its steps are timed bare; the plugin profiles
+every step it judges, so its batches are timed under ``torch.profiler`` with the plugin's flags,
+whose per-op cost does not grow with the batch. Under heavy load the calibration is noisy
 itself, so the factor each slowdown really had in the judged runs (each pair's candidate value
 over its baseline's) is printed beside the rates: that, not the label, is what was detected.
 
@@ -34,15 +37,19 @@ runs ``--sessions`` plain pytest sessions per kind (unchanged, every test 1.3x, 
 each judging the four tests (re-running grey ones, as the plugin does); each test counts as the
 verdict the plugin recorded for it (its ``stepscope`` property in ``--junitxml``), ``other`` when
 it recorded none (a skip, an error), never as a pass by default. Every outcome off target
-(unchanged not ok, a slowdown not caught) is printed with its message.
+(unchanged not ok, a slowdown not caught) is printed with its message. Each session's candidate
+runs go to a store of their own in the project (``--stepscope-store``), so a ``--keep`` folder
+can be judged again.
 
 The machine is shared with other work (other jobs' load comes and goes; the load average is
 sampled at every pair and printed): the "quiet" condition is only free of this benchmark's own
 load.
 
 Run: python benchmarks/bench_gate.py [--pairs 20] [--steps 20] [--sessions 5] [--part cli|plugin|all]
-[--keep DIR]; then ``--rejudge DIR`` judges the kept compare runs again with the rule as it is now
-(a rule's change measured on the same data, without the hour of recording).
+[--keep DIR]; then ``--rejudge DIR`` judges the kept runs again with the rule as it is now (a
+rule's change measured on the same data, without the hour of recording): the compare part's
+pairs, and the plugin part's sessions the plugin's way (the first run, then the next while
+grey), printing each kind's judged factor.
 """
 
 from __future__ import annotations
