@@ -12,7 +12,10 @@ made wider). The batch of each slowdown is **calibrated** first, in this process
 thread's CPU time per step (the measure the gate judges) is measured for the candidate batches,
 interleaved with the unchanged one, and each batch is scaled twice by its measured shortfall
 from 1.3x and 4x (a batch 1.3 times as large is not 1.3 times the CPU time: per-step costs that
-do not grow with the batch, and caches, bend it). Under heavy load the calibration is noisy
+do not grow with the batch, and caches, bend it). Each part is calibrated in its own measure:
+the compare part's runs profile one step of 20, so its steps are timed bare; the plugin profiles
+every step it judges, so its batches are timed under ``torch.profiler`` with the plugin's flags,
+whose per-op cost does not grow with the batch. Under heavy load the calibration is noisy
 itself, so the factor each slowdown really had in the judged runs (each pair's candidate value
 over its baseline's) is printed beside the rates: that, not the label, is what was detected.
 
@@ -34,15 +37,19 @@ runs ``--sessions`` plain pytest sessions per kind (unchanged, every test 1.3x, 
 each judging the four tests (re-running grey ones, as the plugin does); each test counts as the
 verdict the plugin recorded for it (its ``stepscope`` property in ``--junitxml``), ``other`` when
 it recorded none (a skip, an error), never as a pass by default. Every outcome off target
-(unchanged not ok, a slowdown not caught) is printed with its message.
+(unchanged not ok, a slowdown not caught) is printed with its message. Each session's candidate
+runs go to a store of their own in the project (``--stepscope-store``), so a ``--keep`` folder
+can be judged again.
 
 The machine is shared with other work (other jobs' load comes and goes; the load average is
 sampled at every pair and printed): the "quiet" condition is only free of this benchmark's own
 load.
 
 Run: python benchmarks/bench_gate.py [--pairs 20] [--steps 20] [--sessions 5] [--part cli|plugin|all]
-[--keep DIR]; then ``--rejudge DIR`` judges the kept compare runs again with the rule as it is now
-(a rule's change measured on the same data, without the hour of recording).
+[--keep DIR]; then ``--rejudge DIR`` judges the kept runs again with the rule as it is now (a
+rule's change measured on the same data, without the hour of recording): the compare part's
+pairs, and the plugin part's sessions the plugin's way (the first run, then the next while
+grey), printing each kind's judged factor.
 """
 
 from __future__ import annotations
@@ -79,15 +86,17 @@ BASELINE_RUNS = 3
 TESTS_PER_SESSION = 4
 
 
-def _spin() -> None:  # pragma: no cover - a background load process
-    while True:
+def _spin(parent: int) -> None:  # pragma: no cover - a background load process
+    """Busy until the benchmark is gone: a daemon process outlives a parent killed by a signal
+    (its ``finally`` never runs), and two such spinners loaded every later run for an hour."""
+    while os.getppid() == parent:
         pass
 
 
 @contextmanager
 def background_load(processes: int) -> Iterator[None]:
     """``processes`` processes busy on the CPU while the block runs (none for 0)."""
-    workers = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(processes)]
+    workers = [multiprocessing.Process(target=_spin, args=(os.getpid(),), daemon=True) for _ in range(processes)]
     for w in workers:
         w.start()
     try:
@@ -109,10 +118,24 @@ def make_model() -> tuple[object, object]:
     return model, torch.randn(8 * BATCH, IN)
 
 
-def calibrate(rounds: int = 15, steps: int = 8) -> dict[str, int]:
+def _profiled(steps: int) -> contextlib.AbstractContextManager[object]:
+    """A bare ``torch.profiler.profile`` recording ``steps`` steps after one warm-up step with
+    the flags the pytest plugin's ``stepscope.profile`` uses (shapes and memory on): the
+    profiler's per-op cost, which does not grow with the batch, is in every step the plugin
+    judges."""
+    import torch
+
+    from stepscope.collector.options import Recording, Schedule, profiler_kwargs
+
+    return torch.profiler.profile(**profiler_kwargs(Schedule(wait=0, warmup=1, active=steps), Recording()))
+
+
+def calibrate(profiled: bool, rounds: int = 15, steps: int = 8) -> dict[str, int]:
     """Batch rows per kind whose median CPU time per step is the kind's factor times the
-    unchanged batch's: measured interleaved (so load changes hit every batch alike), scaled by
-    the measured shortfall, measured again."""
+    unchanged batch's, in the measure the part judges: measured interleaved (so load changes hit
+    every batch alike), scaled by the measured shortfall, measured again. ``profiled``: every
+    step under the profiler, as the pytest plugin records them (the compare part's runs profile
+    one step of 20, so its steps are timed bare)."""
     from stepscope.analysis.quantiles import median
 
     model, pool = make_model()
@@ -124,10 +147,14 @@ def calibrate(rounds: int = 15, steps: int = 8) -> dict[str, int]:
             for kind, rows in batches.items():
                 data = pool[:rows]
                 per_step = []
-                for _ in range(steps):
-                    start = time.thread_time_ns()
-                    model(data).sum().backward()  # type: ignore[operator]
-                    per_step.append(time.thread_time_ns() - start)
+                with _profiled(steps) if profiled else contextlib.nullcontext() as prof:
+                    for step in range(steps + 1):
+                        start = time.thread_time_ns()
+                        model(data).sum().backward()  # type: ignore[operator]
+                        if step:  # the first is the profiler's warm-up (or the bare loop's)
+                            per_step.append(time.thread_time_ns() - start)
+                        if prof is not None:
+                            prof.step()  # type: ignore[attr-defined]
                 times[kind].append(median(per_step))
         base = median(times["unchanged"])
         return {kind: median(v) / base for kind, v in times.items()}
@@ -137,8 +164,8 @@ def calibrate(rounds: int = 15, steps: int = 8) -> dict[str, int]:
         batches = {kind: round(rows * FACTORS[kind] / measured[kind]) if kind != "unchanged" else rows
                    for kind, rows in batches.items()}
     measured = ratios()
-    print("calibrated slowdowns (CPU time per step against the unchanged batch, measured interleaved): "
-          + ", ".join(f"{k}: batch {batches[k]} rows, {measured[k]:.2f}x" for k in FACTORS))
+    print(f"calibrated slowdowns ({'profiled' if profiled else 'bare'} steps' CPU time against the unchanged batch, "
+          "measured interleaved): " + ", ".join(f"{k}: batch {batches[k]} rows, {measured[k]:.2f}x" for k in FACTORS))
     return batches
 
 
@@ -308,8 +335,8 @@ def _pytest(project: Path, batches: dict[str, int], *args: str, kind: str = "unc
     return done.stdout + done.stderr
 
 
-def _judged(junit: Path) -> list[tuple[str, str, str]]:
-    """(test, outcome, message) per test case of a ``--junitxml`` file: the outcome is the
+def _judged(junit: Path) -> list[tuple[str, str, str, float | None]]:
+    """(test, outcome, message, None) per test case of a ``--junitxml`` file: the outcome is the
     plugin's verdict (its ``stepscope`` property: ``pass``, ``regression``, ``inconclusive``), or
     ``other`` for a test that it did not judge (skipped, an error); the message is the step-time
     budget's, or pytest's own for ``other``."""
@@ -322,38 +349,88 @@ def _judged(junit: Path) -> list[tuple[str, str, str]]:
             verdict = json.loads(props["stepscope"] or "{}")
             budgets = verdict["budgets"]
             out.append((case.get("name", "?"), verdict["status"],
-                        f"{verdict['runs']} run(s): {budgets[0] if budgets else ''}"))
+                        f"{verdict['runs']} run(s): {budgets[0] if budgets else ''}", None))
         else:
             trouble = next(iter([*case.iter("skipped"), *case.iter("error"), *case.iter("failure")]), None)
-            out.append((case.get("name", "?"), "other", "" if trouble is None else trouble.get("message", "")))
+            out.append((case.get("name", "?"), "other", "" if trouble is None else trouble.get("message", ""), None))
     return out
 
 
-def plugin_part(condition: str, sessions: int, steps: int, batches: dict[str, int], root: Path,
+def _candidates(project: Path, session: int, kind: str) -> Path:
+    """The store a judged session's candidate runs go to (``--stepscope-store``): kept with
+    ``--keep``, so ``--rejudge`` can judge them again."""
+    return project / f"candidates-{session}-{kind}"
+
+
+def _rejudged(project: Path, session: int, kind: str) -> list[tuple[str, str, str, float | None]]:
+    """(test, outcome, message, judged factor) per test of a kept session, judged again with the rule as it is
+    now, the plugin's way (:func:`stepscope.commands.compare.gate` with the default budgets, the
+    candidate's first run, then one more while the result is grey and the session kept one;
+    a rule that decides sooner than the recorded one uses fewer runs, one that decides later
+    has only the runs the session made); the judged factor is the candidate's step time over
+    the baseline's, in the measure judged."""
+    from stepscope.commands.compare import gate
+    from stepscope.store.baselines import load_baselines
+    from stepscope.store.runs import stored_runs
+
+    store = _candidates(project, session, kind)
+    recorded = set(stored_runs(store))
+    out = []
+    for folder in sorted((project / "perf").iterdir()):
+        for test in sorted(load_baselines(folder)):
+            runs = [r for r in (test, *(f"{test}..run{n}" for n in range(2, 10))) if r in recorded]
+            for used in range(1, len(runs) + 1):
+                comparison, verdict = gate(f"{folder}::{test}", [f"{store}::{r}" for r in runs[:used]], None, [],
+                                           None, None)
+                if verdict.status != "inconclusive" or not any(r.grey for r in verdict.results):
+                    break
+            step = comparison.metric("step_time")
+            budget = next(r.message for r in verdict.results if r.budget.metric == "step_time")
+            factor = (step.cand_value or 0) / (step.base_value or 1)
+            out.append((test, verdict.status, f"{factor:.2f}x judged, {used} run(s): {budget}", factor))
+    return out
+
+
+def plugin_part(condition: str, sessions: int, steps: int, batches: dict[str, int] | None, root: Path,
                 load: LoadSamples) -> dict[str, Counter[str]]:
     """Save the project's baseline, then judge ``sessions`` sessions of each kind: outcome counts
-    per kind (one per test); the message of every outcome that misses a target is printed."""
+    per kind (one per test); the message of every outcome that misses a target is printed.
+    ``batches`` None: run nothing, judge the sessions a ``--keep`` folder holds again
+    (:func:`_rejudged`)."""
+    from stepscope.analysis.quantiles import median
+
     project = root / f"plugin-{condition}"
-    project.mkdir()
-    (project / "test_perf.py").write_text(textwrap.dedent(PROJECT.format(inp=IN, hidden=HIDDEN, batch=BATCH,
-                                                                         steps=steps)))
-    (project / "conftest.py").write_text("")
-    out = _pytest(project, batches, "--stepscope-save-baseline")
-    if "4 passed" not in out:
-        raise SystemExit(f"saving the plugin project's baseline failed:\n{out}")
+    if batches is not None:
+        project.mkdir()
+        (project / "test_perf.py").write_text(textwrap.dedent(PROJECT.format(inp=IN, hidden=HIDDEN, batch=BATCH,
+                                                                             steps=steps)))
+        (project / "conftest.py").write_text("")
+        out = _pytest(project, batches, "--stepscope-save-baseline")
+        if "4 passed" not in out:
+            raise SystemExit(f"saving the plugin project's baseline failed:\n{out}")
     counts: dict[str, Counter[str]] = {}
     missed: list[str] = []
     too_loaded: Counter[str] = Counter()
+    factors: dict[str, list[float]] = {kind: [] for kind in FACTORS}
     for session in range(sessions):
         for kind in FACTORS:
             load.sample()
             junit = project / f"judged-{session}-{kind}.xml"
-            _pytest(project, batches, f"--junitxml={junit}", kind=kind)
-            judged = _judged(junit) if junit.exists() else [("session", "other", "no --junitxml written")]
-            counts.setdefault(kind, Counter()).update(outcome for _, outcome, _ in judged)
-            too_loaded[kind] += sum("too loaded to judge" in message for *_, message in judged)
-            missed += [f"{kind} {outcome} {test}: {message[:300]}" for test, outcome, message in judged
+            if batches is None:
+                judged = _rejudged(project, session, kind)
+            else:
+                _pytest(project, batches, f"--junitxml={junit}",
+                        f"--stepscope-store={_candidates(project, session, kind)}", kind=kind)
+                judged = _judged(junit) if junit.exists() else [("session", "other", "no --junitxml written", None)]
+            counts.setdefault(kind, Counter()).update(outcome for _, outcome, _, _ in judged)
+            too_loaded[kind] += sum("too loaded to judge" in message for _, _, message, _ in judged)
+            factors[kind] += [factor for *_, factor in judged if factor is not None]
+            missed += [f"{kind} {outcome} {test}: {message[:300]}" for test, outcome, message, _ in judged
                        if outcome != ("pass" if kind == "unchanged" else "regression")]
+    if any(factors.values()):
+        print(f"\n{condition}: each kind's judged step time against its baseline's (median over tests): "
+              + ", ".join(f"{k} {median(v):.2f}x (range {min(v):.2f}-{max(v):.2f})"
+                          for k, v in factors.items() if v))
     print(f"\n{condition}: plugin tests judged too loaded to judge (past the load ceiling), per kind: "
           f"{dict(too_loaded) or 'none'}")
     print(f"{condition}: plugin outcomes off target ({len(missed)}):")
@@ -404,17 +481,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rejudge is not None:
         for condition in args.conditions.split(","):
-            counts = cli_part(condition, args.pairs, args.steps, args.candidate_runs, None, args.rejudge, LoadSamples())
-            print(f"\ncompare, {condition}, judged again from {args.rejudge} (the load as recorded):")
-            print("\n".join([*(_line(kind, counts[kind], args.pairs) for kind in FACTORS),
-                             *_verdict(counts, args.pairs)]), flush=True)
+            if args.part in ("cli", "all"):
+                counts = cli_part(condition, args.pairs, args.steps, args.candidate_runs, None, args.rejudge,
+                                  LoadSamples())
+                print(f"\ncompare, {condition}, judged again from {args.rejudge} (the load as recorded):")
+                print("\n".join([*(_line(kind, counts[kind], args.pairs) for kind in FACTORS),
+                                 *_verdict(counts, args.pairs)]), flush=True)
+            if args.part in ("plugin", "all"):
+                n = args.sessions * TESTS_PER_SESSION
+                counts = plugin_part(condition, args.sessions, args.plugin_steps, None, args.rejudge, LoadSamples())
+                print(f"\npytest plugin, {condition}, judged again from {args.rejudge} (the load as recorded):")
+                print("\n".join([*(_line(kind, counts[kind], n) for kind in FACTORS), *_verdict(counts, n)]),
+                      flush=True)
         return 0
     os.environ["OMP_NUM_THREADS"] = "1"
     print(f"bench_gate: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start; "
           f"{args.pairs} pairs of {args.candidate_runs} candidate runs, {args.steps} steps a run, "
           f"{args.sessions} plugin sessions a kind")
     started_all = time.perf_counter(), time.process_time()
-    batches = calibrate()
+    batches = calibrate(profiled=False) if args.part in ("cli", "all") else None
+    plugin_batches = calibrate(profiled=True) if args.part in ("plugin", "all") else None
     with contextlib.ExitStack() as kept:
         root = args.keep or Path(kept.enter_context(tempfile.TemporaryDirectory(prefix="bench-gate-")))
         root.mkdir(parents=True, exist_ok=True)
@@ -435,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.part in ("plugin", "all"):
                     load, started = LoadSamples(), (time.perf_counter(), time.process_time())
                     n = args.sessions * TESTS_PER_SESSION
-                    counts = plugin_part(condition, args.sessions, args.plugin_steps, batches, root, load)
+                    counts = plugin_part(condition, args.sessions, args.plugin_steps, plugin_batches, root, load)
                     print(f"\npytest plugin, {condition} ({processes} busy processes of ours; {load.text()}; "
                           f"{time.perf_counter() - started[0]:.0f} s wall):")
                     for kind in FACTORS:

@@ -132,10 +132,13 @@ judged = gate.evaluate_budget
 
 def grey_until(comparison, budget, floor):
     """Every budget in the grey zone until the candidate has GREY_UNTIL runs, then within
-    budget: the plugin's re-run loop, without depending on how busy this machine is."""
+    budget (with FAIL set: over budget on every run): the plugin's re-run loop, without
+    depending on how busy this machine is."""
     result = judged(comparison, budget, floor)
     with open("judged-with", "a") as log:
         log.write(f"{len(comparison.candidate_runs)}\\n")
+    if os.environ.get("FAIL"):
+        return dataclasses.replace(result, status="fail", decided_by="noise")
     if len(comparison.candidate_runs) < int(os.environ["GREY_UNTIL"]):
         return dataclasses.replace(result, status="inconclusive", decided_by="grey_zone")
     return dataclasses.replace(result, status="pass", decided_by="threshold")
@@ -177,6 +180,14 @@ def test_a_grey_result_reruns_the_test_bounded(pytester: pytest.Pytester, monkey
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*stepscope: inconclusive after 2 runs*"])
     assert (pytester.path / "ran-a").read_text().count("body ran") == 1 + 3 + 2
+    # a regression on the first run is re-run too, and fails only on all three runs
+    (pytester.path / "judged-with").unlink()
+    monkeypatch.setenv("FAIL", "1")
+    result = pytester.runpytest_subprocess(*args)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*stepscope: regression after 3 runs*"])
+    assert sorted(set((pytester.path / "judged-with").read_text().split())) == ["1", "2", "3"]
+    assert (pytester.path / "ran-a").read_text().count("body ran") == 1 + 3 + 2 + 3
 
 
 
