@@ -158,9 +158,10 @@ def late_marks(store: SQLStore, run: str, step: int, ranks: None = None) -> pa.T
 
 DRAWN_SLICES = 1500
 """Slices of a step the timeline is drawn at: about one pixel each across a wide page. A step
-of 8 small ranks has ~9,300 segments, ~1,100 of them a pixel wide at 1,000 px; drawing 4,000 of
-them cost a first open 1.2-1.6 s more than 300 (at load 5, measured), to draw nothing a screen
-could show."""
+of 8 small ranks has ~9,300 segments, ~1,100 of them a pixel wide at 1,000 px. Drawn at these
+slices it is ~1,000 bars instead of the 4,000 longest segments, and the Overview's first open in
+headless Chromium took 4.0-4.4 s instead of 4.7-5.0 s (bench_dashboard --browser, two
+alternated pairs, load 1-1.5)."""
 
 
 def drawn_bars(segments: pa.Table, slices: int = DRAWN_SLICES) -> pa.Table:
