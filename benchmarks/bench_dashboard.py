@@ -163,16 +163,22 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _tree_cpu_s(pid: int) -> float:
-    """CPU seconds of process ``pid`` and of its living descendants (headless Chromium: the
-    browser, its renderers, its GPU and utility processes), what drawing a page cost the
-    browser."""
+def _children() -> dict[int, list[int]]:
+    """Every living process's children, by parent pid (Linux ``/proc``)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
         except (OSError, ValueError):
             continue
+    return children
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds of process ``pid`` and of its living descendants (headless Chromium: the
+    browser, its renderers, its GPU and utility processes), what drawing a page cost the
+    browser."""
+    children = _children()
     total, todo = 0.0, [pid]
     while todo:
         current = todo.pop()
@@ -188,12 +194,9 @@ def _child_of(pid: int, timeout: float = 30.0) -> int:
     """The first child process of ``pid`` (the Streamlit server under ``stepscope dashboard``)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    return int(stat.parent.name)
-            except (OSError, ValueError):
-                continue
+        found = _children().get(pid)
+        if found:
+            return min(found)
         time.sleep(0.1)
     raise TimeoutError(f"process {pid} started no child within {timeout:.0f} s")
 
