@@ -91,6 +91,8 @@ class _Shared:
         when the file list changes)."""
         self.lock = threading.Lock()
         self.memo_lock = threading.Lock()
+        self.computing: dict[tuple[Any, ...], threading.Event] = {}
+        """Keys whose ``compute`` runs now, each with the event set when it ends."""
 
 
 class Store:
@@ -261,18 +263,33 @@ class Store:
         """``compute()``, once per ``key`` while this store's file list stays what it is: the
         views read a fixed list of files, so a result computed over them stays true until
         :meth:`refresh` finds another list (shared with the :meth:`session` twins). The
-        :data:`MEMO_ENTRIES` used last are kept (a dashboard server visits many runs)."""
-        memo, lock = self._shared.memo, self._shared.memo_lock
-        with lock:
-            if key in memo:
-                memo[key] = value = memo.pop(key)  # the most recently used last
-                return value
-        value = compute()  # outside the lock: it may memoise (or materialise) what it needs
-        with lock:
-            memo[key] = value
-            while len(memo) > MEMO_ENTRIES:
-                memo.pop(next(iter(memo)))
-        return value
+        :data:`MEMO_ENTRIES` used last are kept (a dashboard server visits many runs).
+
+        Twins in other threads asking for a key being computed wait for that computation rather
+        than repeating it (the summary's sections run on two threads and share their inputs: the
+        matched collectives, the step breakdown); when it fails, the next one computes it."""
+        shared = self._shared
+        while True:
+            with shared.memo_lock:
+                if key in shared.memo:
+                    shared.memo[key] = value = shared.memo.pop(key)  # the most recently used last
+                    return value
+                running = shared.computing.get(key)
+                if running is None:
+                    running = shared.computing[key] = threading.Event()
+                    break
+            running.wait()
+        try:
+            value = compute()  # outside the lock: it may memoise (or materialise) what it needs
+            with shared.memo_lock:
+                shared.memo[key] = value
+                while len(shared.memo) > MEMO_ENTRIES:
+                    shared.memo.pop(next(iter(shared.memo)))
+            return value
+        finally:
+            with shared.memo_lock:
+                del shared.computing[key]
+            running.set()
 
     def materialize(self, query: str, params: dict[str, Any] | None = None) -> str:
         """Run ``query`` into a table of this store's database, once per query and parameters,
