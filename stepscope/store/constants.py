@@ -7,7 +7,7 @@ every name here.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """Bump on any change a reader would notice; readers refuse files from a newer version, and a
 store of an older one until ``stepscope migrate`` brought it up to date. 2: each rank's answers
 computed at ingest (``rank_*`` tables), ``sources.process_id``. 3: the rest of what the summary,
@@ -15,7 +15,7 @@ dashboard and compare read per rank (step windows and time lines, FLOP ops, pipe
 launches, memory at the peak and its time line) joins those tables. 4: each rank's dependency
 edges (``rank_edges``: collective issues, host waits) for the critical path and the replay. 5:
 a host wait is a stretch with no op running, annotations aside (an async ``gloo:recv`` no longer
-waits for itself)."""
+waits for itself). 6: ``rank_hiding_spans.before_ns`` (the stretches' length before each)."""
 
 SCHEMA_VERSION_KEY = b"stepscope.schema_version"
 TABLE_KEY = b"stepscope.table"

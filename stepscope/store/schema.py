@@ -267,6 +267,7 @@ RANK_HIDING_SPANS = pa.schema(
         pa.field("source", _STR, nullable=False),
         pa.field("s0", pa.int64(), nullable=False),
         pa.field("s1", pa.int64(), nullable=False),
+        pa.field("before_ns", pa.int64(), nullable=False),
     ]
 )
 """Each rank's collective events with what each is (``stepscope.store.rankstats.collectives``)."""

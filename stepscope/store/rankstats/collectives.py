@@ -116,10 +116,15 @@ _covered AS (
   SELECT s0, s1, sum(CASE WHEN s0 = prev_s1 THEN 0 ELSE 1 END) OVER (ORDER BY s0 ROWS UNBOUNDED PRECEDING) AS island
   FROM (SELECT s0, s1, lag(s1) OVER (ORDER BY s0) AS prev_s1 FROM seg WHERE n0 > 0)
 )
-SELECT (SELECT source FROM events LIMIT 1) AS source, min(s0) AS s0, max(s1) AS s1
-FROM _covered GROUP BY island ORDER BY s0
+SELECT (SELECT source FROM events LIMIT 1) AS source, s0, s1,
+       (sum(s1 - s0) OVER (ORDER BY s0 ROWS UNBOUNDED PRECEDING) - (s1 - s0))::BIGINT AS before_ns
+FROM (SELECT min(s0) AS s0, max(s1) AS s1 FROM _covered GROUP BY island)
+ORDER BY s0
 """
 """The ``rank_hiding_spans`` rows of one trace: the union of what hides its collectives
 (:data:`HIDING_SQL`) as disjoint stretches ``[s0, s1)``; the part of any interval they cover is
-its hidden time (the analysis clips each collective and its wait, known across ranks, to them)."""
+its hidden time (the analysis clips each collective and its wait, known across ranks, to them).
+``before_ns``, the stretches' length before this one, makes that part two lookups: summed here,
+over one rank's few thousand stretches, rather than by every read over every rank's (a window
+over 1.1 M stretches took 0.3 s of a 64-rank summary)."""
 
