@@ -93,8 +93,12 @@ def runs_table(root: str) -> Any:
     """The store's ``runs`` view plus each run's sources fingerprint, computed after listing the
     store's files again (:meth:`Store.refresh`, which its sessions' views follow). Cached until
     :func:`revalidate` finds the files changed: a new ingest shows up without a restart, and no
-    page waits for the listing (a second at 1,024 ranks) to draw what it already knows."""
-    _open(root).refresh()
+    page waits for the listing (a second at 1,024 ranks) to draw what it already knows. A store
+    listed less than :data:`REVALIDATE_S` ago (just opened, or just refreshed by
+    :func:`revalidate`) is not listed again: a first open would otherwise list it twice."""
+    store = _open(root)
+    if store.listed_age_s() >= REVALIDATE_S:
+        store.refresh()
     store = store_for(root)
     return store.df(
         """
