@@ -12,8 +12,11 @@ Definitions: docs/ANALYSIS.md, "Step timeline".
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 
+from stepscope.analysis._sql import rank_filter
 from stepscope.analysis.absent import Absent, Maybe
 from stepscope.analysis.breakdown import segment_cuts, wait_island_ctes
 from stepscope.analysis.cache import cached_frame
@@ -101,8 +104,9 @@ def lanes(breakdown: Breakdown) -> str:
 
 
 @cached_frame("step_timeline")
-def step_timeline(store: SQLStore, run: str, step: int, ranks: None = None) -> Maybe[pa.Table]:
-    """Per rank, the step ``step`` as consecutive segments of one part: ``run, rank, part, t0_ns,
+def step_timeline(store: SQLStore, run: str, step: int, ranks: Sequence[int] | None = None) -> Maybe[pa.Table]:
+    """Per rank (of ``ranks``: every rank when None), the step ``step`` as consecutive segments
+    of one part: ``run, rank, part, t0_ns,
     t1_ns, dur_ns`` (``t0_ns``/``t1_ns`` clock-aligned, absolute), and ``breakdown`` (``gpu``, or
     ``host`` on a run without GPU work: no kernel, copy or memset of positive duration).
     Consecutive segments of one part are merged; ``idle`` (GPU) and ``other`` (host) are the
@@ -114,12 +118,10 @@ def step_timeline(store: SQLStore, run: str, step: int, ranks: None = None) -> M
     has_gpu = store.sql("SELECT count(*) AS n FROM rank_gpu_totals WHERE run = $run AND scope = 'all'",
                         {"run": run}).to_pylist()[0]["n"] > 0
     breakdown = GPU if has_gpu else HOST
-    if breakdown is GPU:
-        win = ("_win_step AS (SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM rank_step_windows "
-               "WHERE run = $run AND step = $step)")
-    else:
-        win = ("_win_step AS (SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM steps "
-               "WHERE run = $run AND step = $step)")
+    rf, rank_params = rank_filter(ranks, "rank")
+    windows = "rank_step_windows" if breakdown is GPU else "steps"
+    win = (f"_win_step AS (SELECT rank, step, start_ns AS w0, end_ns AS w1 FROM {windows} "
+           f"WHERE run = $run AND step = $step AND {rf})")
     # with fewer than two ranks with collectives nothing is matched: no waits, no clock corrections
     coll = matched_ctes(store, run) if ranks_with_collectives(store, run) >= 2 else (
         "coll AS (SELECT NULL::BIGINT AS rank, NULL::BIGINT AS ts_ns, NULL::BIGINT AS wait_ns, "
@@ -127,14 +129,38 @@ def step_timeline(store: SQLStore, run: str, step: int, ranks: None = None) -> M
     query = f"""
     WITH {win},
     {coll},
-    {segment_cuts(breakdown, "TRUE", "_win_step")},
+    {segment_cuts(breakdown, rf, "_win_step")},
     {_leaf_ctes(breakdown)},
     {lanes(breakdown)}
     """
-    table = store.sql(query, {"run": run, "step": int(step)})
+    table = store.sql(query, {"run": run, "step": int(step), **rank_params})
     if table.num_rows == 0:
         return Absent(f"step {step} has no window on any rank of this run")
     return table
+
+
+TIMELINE_MAX_LANES = 64
+"""Ranks the step timeline draws a lane for. The chart is at most 720 px high, so 64 lanes are
+~11 px each; 1,024 would be under a pixel, and cost the Overview's first open ~2 s to cut and
+draw (1.2 M segments)."""
+
+
+def timeline_lanes(ranks: Sequence[int], first: Sequence[int] = (), limit: int = TIMELINE_MAX_LANES) -> list[int]:
+    """The ranks of ``ranks`` the timeline draws, ascending: all of them when they are at most
+    ``limit``; else those of ``first`` (the ranks worth a look: late arrivals, the critical
+    path's), in their order, then ranks evenly spaced over the rest (its lowest and highest
+    included), for the typical rank beside them."""
+    ranks = sorted(set(int(r) for r in ranks))
+    if len(ranks) <= limit:
+        return ranks
+    chosen = list(dict.fromkeys(int(r) for r in first if int(r) in set(ranks)))[:limit]
+    rest = [r for r in ranks if r not in set(chosen)]
+    room = limit - len(chosen)
+    if room == 1:
+        chosen.append(rest[0])
+    elif room > 1:
+        chosen += [rest[round(i * (len(rest) - 1) / (room - 1))] for i in range(room)]
+    return sorted(chosen)
 
 
 @cached_frame("late_marks")

@@ -15,7 +15,9 @@ from stepscope.analysis.absent import Absent
 from stepscope.analysis.breakdown import host_breakdown, rank_totals, step_breakdown, step_windows
 from stepscope.store.rankstats.parts import GPU, HOST, Part
 from stepscope.analysis.steps import step_times
-from stepscope.analysis.timeline import DRAWN_SLICES, drawn_bars, late_marks, step_timeline, timeline_parts
+from stepscope.analysis.critical_path import path_marks
+from stepscope.analysis.timeline import (DRAWN_SLICES, TIMELINE_MAX_LANES, drawn_bars, late_marks, step_timeline,
+                                         timeline_lanes, timeline_parts)
 from stepscope.analysis.summary import summary_verdict
 from stepscope.dashboard._critical_path import critical_path_layer
 from stepscope.dashboard._data import context
@@ -130,7 +132,8 @@ def show_timeline(findings: list) -> None:
         return
     default = _default_step(findings, steps)
     step = st.selectbox("Step", steps, index=steps.index(default), key="timeline_step")
-    drawn = _timeline_drawn(ctx.root, ctx.run, ctx.fingerprint(ctx.run), int(step), ctx.ranks)
+    wanted = timeline_lanes(ctx.ranks, _lanes_first(int(step)), TIMELINE_MAX_LANES)
+    drawn = _timeline_drawn(ctx.root, ctx.run, ctx.fingerprint(ctx.run), int(step), tuple(wanted))
     if not shown(drawn, "Step timeline"):
         return
     data, origin, order, cut = drawn
@@ -164,6 +167,10 @@ def show_timeline(findings: list) -> None:
     if path is not None:
         layers.append(path)
     chart(alt.layer(*layers).properties(height=max(160, min(720, 40 * len(lanes)))))
+    if len(wanted) < len(ctx.ranks):
+        st.caption(f"{len(wanted)} of the {len(ctx.ranks):,} ranks chosen have a lane: first those arriving late in "
+                   "this step and those on its critical path, then ranks evenly spaced over the rest. Choose up to "
+                   f"{TIMELINE_MAX_LANES} ranks in the sidebar to draw those.")
     st.caption("Black triangles: a rank arriving late at a collective the others waited in. "
                + ("Thin black bars: the step's critical path, rank by rank. " if path is not None else "")
                + (f"{cut:,} bars shorter than the {TIMELINE_MAX_BARS:,} drawn are left out. " if cut else "")
@@ -184,6 +191,21 @@ def _perfetto_picker(lanes: list[int], step: int) -> None:
         open_in_perfetto(rank, step)
 
 
+def _lanes_first(step: int) -> list[int]:
+    """The ranks the timeline draws before any other when it cannot draw them all: those that
+    arrived late in ``step`` (the others' summed wait, largest first), then the ranks its
+    critical path runs on (longest there first)."""
+    late = frame(ctx.analysis(late_marks, step=step))
+    path = frame(ctx.analysis(path_marks, step=step))
+    first = []
+    if len(late):
+        first += late.groupby("rank")["others_wait_ns"].sum().sort_values(ascending=False, kind="stable").index.tolist()
+    if len(path):
+        on_path = (path["t1_ns"] - path["t0_ns"]).groupby(path["rank"]).sum()
+        first += on_path.sort_values(ascending=False, kind="stable").index.tolist()
+    return first
+
+
 @st.cache_data(show_spinner=False, max_entries=16)
 def _timeline_drawn(root: str, run: str, fingerprint: str, step: int, ranks: tuple[int, ...]):
     """What the step timeline draws of ``step`` for ``ranks``, once per (store, run, its sources,
@@ -193,10 +215,13 @@ def _timeline_drawn(root: str, run: str, fingerprint: str, step: int, ranks: tup
     out; the analysis's :class:`Absent` as it is. Kept small: a step of
     1,024 ranks has a million segments, which a new session should not copy and convert again;
     and only the columns the chart encodes, which the browser decodes and Vega copies per bar."""
-    segments = ctx.analysis(step_timeline, step=step)
+    # the whole run's frame (cached on disk) when every rank has a lane; else only the lanes'
+    every = set(ranks) == set(ctx.all_ranks)
+    segments = ctx.analysis(step_timeline, step=step, **({} if every else {"ranks": ranks}))
     if isinstance(segments, Absent):
         return segments
-    data = select(frame(segments), ctx, step=None)
+    data = frame(segments)
+    data = data[data["rank"].isin(ranks)]
     if data.empty:
         return data, 0, [], 0
     origin = int(data["t0_ns"].min())
