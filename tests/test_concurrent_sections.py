@@ -98,32 +98,44 @@ def _in_thread(call: Callable[[], object], out: dict[str, object], name: str) ->
     return thread
 
 
+def _race(store: Store, key: tuple[Any, ...], first: Callable[[], object],
+          second: Callable[[], object]) -> tuple[dict[str, object], list[str]]:
+    """Thread "one" asks ``store``'s memo for ``key`` with ``first``, which blocks until thread
+    "two" (a twin) asks for the same key with ``second`` and waits; then ``first`` ends. Returns
+    each thread's outcome and which computations ran, in order."""
+    computes: list[str] = []
+    release = threading.Event()
+    out: dict[str, object] = {}
+    twin = store.session()
+
+    def blocking_first() -> object:
+        computes.append("first")
+        release.wait(WAIT_S)
+        return first()
+
+    def counted_second() -> object:
+        computes.append("second")
+        return second()
+
+    one = _in_thread(lambda: store.memo(key, blocking_first), out, "one")
+    while not computes:
+        threading.Event().wait(0.01)
+    two = _in_thread(lambda: twin.memo(key, counted_second), out, "two")
+    try:
+        _waiting_on(store, key, computes)
+    finally:
+        release.set()
+        one.join(WAIT_S)
+        two.join(WAIT_S)
+    return out, computes
+
+
 def test_a_key_being_computed_is_awaited_not_computed_twice(sample_run: Callable[[str], Path]) -> None:
     """Two twins ask the memo for the same key while the first computes it: the second waits and
     gets the first's value, computed once (the sections on two threads share the matched
     collectives and the step breakdown, whose computation is most of a cold summary)."""
-    key = ("test", "shared input")
-    computes: list[str] = []
-    release = threading.Event()
-    out: dict[str, object] = {}
     with open_store(sample_run("gloo-3ranks-late")) as store:
-        twin = store.session()
-
-        def first() -> object:
-            computes.append("first")
-            release.wait(WAIT_S)
-            return ["the value"]
-
-        one = _in_thread(lambda: store.memo(key, first), out, "one")
-        while not computes:
-            threading.Event().wait(0.01)
-        two = _in_thread(lambda: twin.memo(key, lambda: computes.append("second") or ["another"]), out, "two")
-        try:
-            _waiting_on(store, key, computes)
-        finally:
-            release.set()
-            one.join(WAIT_S)
-            two.join(WAIT_S)
+        out, computes = _race(store, ("test", "shared input"), lambda: ["the value"], lambda: ["another"])
     assert computes == ["first"]
     assert out["one"] is out["two"] == ["the value"]
 
@@ -132,31 +144,12 @@ def test_a_failed_computation_is_computed_by_the_thread_that_waited(sample_run: 
     """When the computation a twin waits for fails, the failure goes to the thread that ran it and
     the waiting twin computes the key itself: nothing is memoised from a failure."""
     key = ("test", "failing input")
-    computes: list[str] = []
-    release = threading.Event()
-    out: dict[str, object] = {}
+
+    def failing() -> object:
+        raise ValueError("the input could not be computed")
+
     with open_store(sample_run("gloo-3ranks-late")) as store:
-        twin = store.session()
-
-        def failing() -> object:
-            computes.append("first")
-            release.wait(WAIT_S)
-            raise ValueError("the input could not be computed")
-
-        def second() -> object:
-            computes.append("second")
-            return ["computed again"]
-
-        one = _in_thread(lambda: store.memo(key, failing), out, "one")
-        while not computes:
-            threading.Event().wait(0.01)
-        two = _in_thread(lambda: twin.memo(key, second), out, "two")
-        try:
-            _waiting_on(store, key, computes)
-        finally:
-            release.set()
-            one.join(WAIT_S)
-            two.join(WAIT_S)
+        out, computes = _race(store, key, failing, lambda: ["computed again"])
         assert isinstance(out["one"], ValueError)
         assert out["two"] == ["computed again"] and computes == ["first", "second"]
         assert store.memo(key, lambda: pytest.fail("memoised value lost")) == ["computed again"]
