@@ -331,15 +331,17 @@ def test_every_column_and_rule_is_documented(ingested, skewed_run) -> None:
         assert f"`{rule_id}`" in findings
 
 
-def test_instances_on_two_real_ranks_of_one_job(tmp_path, shared_traces: Path) -> None:
+def test_instances_on_two_real_ranks_of_one_job(ingested, shared_traces: Path) -> None:
     """trace_filter/sampled_rank-0 and -1: two ranks of one 128-rank job, events sampled. Old NCCL
     kernels (``ncclKernel_SendRecv`` for all-to-alls and all-reduces alike) carry no args: what
     they are comes from the op that launched them. Matched by (collective, step, order); the
     sampling leaves pairs whose sizes differ or that do not overlap in time: those are refused.
-    Recomputed from the JSON (tests/rawmatch.py)."""
-    paths = [shared_traces / f"hta/trace_filter/sampled_rank-{r}.json.gz" for r in (0, 1)]
-    assert ingest_paths(paths, tmp_path / "store", "pair").ok
-    store = open_store(tmp_path / "store")
+    Recomputed from the JSON (tests/rawmatch.py). The store is the session's of the folder, which
+    holds these two files and nothing else (run ``t``)."""
+    folder = shared_traces / "hta/trace_filter"
+    paths = [folder / f"sampled_rank-{r}.json.gz" for r in (0, 1)]
+    assert sorted(folder.iterdir()) == paths
+    store = open_store(ingested("hta/trace_filter"))
     raw = sorted((i for i in rawmatch.match([load_raw(p) for p in paths])), key=lambda i: min(m.aligned for m in i.members))
     expected = []
     for inst in raw:
@@ -350,7 +352,7 @@ def test_instances_on_two_real_ranks_of_one_job(tmp_path, shared_traces: Path) -
                              sum(m.wait for m in inst.members)))
         else:
             expected.append((inst.members[0].collective, None, None, None))
-    rows = collective_instances(store, "pair").to_pylist()
+    rows = collective_instances(store, "t").to_pylist()
     assert [(r["collective"], r["start_skew_ns"], r["last_rank"], r["wait_ns"]) for r in rows] == expected
     assert Counter(r["collective"] for r in rows) == {"all_to_all": 4, "all_reduce": 4, "all_gather": 2}
     assert sum(r["absent_reason"] is None for r in rows) == 4
