@@ -265,16 +265,19 @@ def test_the_jobs_of_two_batches_gather_in_their_runs(tmp_path: Path) -> None:
 
 @pytest.mark.shared
 def test_hta_trace_diff_control_is_not_a_rank_of_the_trace_filter_run(shared_traces: Path, tmp_path: Path,
-                                                                     capsys) -> None:
+                                                                     ingested, capsys) -> None:
     """The case reported: ``trace_diff/control`` (rank 3 of 8, A100, 2022-08-22) ingested into a
     run holding the two ``trace_filter`` ranks (of 128, no device recorded, 2023-04-28) was stored
-    as rank 3 of it. World sizes from MANIFEST.md; dates read from the traces' first events."""
+    as rank 3 of it. World sizes from MANIFEST.md; dates read from the traces' first events. The
+    run is a copy of the session's store of the ``trace_filter`` folder (run ``t``), which is what
+    ``stepscope ingest`` of the folder writes (tests/test_suite_setup.py)."""
     from stepscope.cli import main
+    from tests.conftest import copy_store
 
-    store = tmp_path / "store"
     sampled = shared_traces / "hta" / "trace_filter"
+    store = copy_store(ingested("hta/trace_filter"), tmp_path / "store")
     control = shared_traces / "hta" / "trace_diff" / "control" / "control.json.gz"
-    assert main(["ingest", str(sampled), "--store", str(store), "--run", "t", "--quiet"]) == 0
+    assert _runs(store) == {"t": [0, 1]}
     assert main(["ingest", str(control), "--store", str(store), "--run", "t", "--on-conflict", "refuse"]) == 3
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"{control}: not of the job of run t's ranks (world size 8, the run's 128 "
