@@ -24,6 +24,7 @@ moto_server = pytest.importorskip("moto.server")
 from stepscope.analysis.summary import build_summary  # noqa: E402
 from stepscope.store import open_store  # noqa: E402
 from stepscope.store.ingest import IngestReport, ingest_paths  # noqa: E402
+from tests.conftest import copy_run, sample_store  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "sample_traces" / "gloo-3ranks-late"
@@ -76,10 +77,12 @@ def _summary(store: Path | str, run: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sample ingested into a local folder (run ``late``), once for the tests that compare
-    the object store with it: the independent side; they only read it."""
+    """The sample in a local folder (run ``late``), once for the tests that compare the object
+    store with it: the independent side; they only read it. Copied from the session's store of
+    the sample (ingested once per test run), which gives what ingesting it here would, file for
+    file (:func:`tests.conftest.copy_run`, tests/test_suite_setup.py)."""
     root = tmp_path_factory.mktemp("local") / "store"
-    assert ingest_paths([SAMPLE], root, "late").ok
+    copy_run(sample_store(tmp_path_factory, SAMPLE.name), root, SAMPLE.name, as_run="late")
     return root
 
 
