@@ -96,6 +96,15 @@ class Job:
     def file(self, name: str) -> Path:
         return self.workspace / name
 
+    def why(self) -> str:
+        """A failed assertion's message: each step's exit code and the verdict first (a failure
+        seen once must be explainable from its message, even cut short), then every step's output."""
+        head = [f"step exit codes: {self.codes}"]
+        if self.file("compare.json").is_file():
+            verdict = json.loads(self.file("compare.json").read_text())["verdict"]
+            head.append(f"verdict: {verdict['status']}: {verdict['reasons']}")
+        return "\n".join([*head, *self.logs])
+
 
 class Runner:
     """Plays the workflow for one event at a time; artifacts persist between jobs."""
@@ -195,7 +204,7 @@ def test_the_documented_workflow_runs_as_written(tmp_path: Path, clones: tuple[P
     judge = "Pass or fail the pull request (accept an intended change)"
 
     first = runner.run(Event("pull_request", "pr1", title="first change"), main)
-    assert first.ok, first.logs
+    assert first.ok, first.why()
     assert first.codes["Fetch the store with the main branch's baseline"] == 1  # none yet: continue-on-error
     assert first.codes[compare] == 0 and first.codes[judge] == 0
     doc = _verdict(first)
@@ -210,7 +219,7 @@ def test_the_documented_workflow_runs_as_written(tmp_path: Path, clones: tuple[P
     assert not (runner.artifacts / "perf-store").exists()
 
     push = runner.run(Event("push", "main1"), main)
-    assert push.ok, push.logs
+    assert push.ok, push.why()
     assert push.codes[compare] is None and push.codes[judge] is None and push.codes[report] == 0
     assert "not compared: no baseline yet" in push.file("report.html").read_text()
     baselines = json.loads((runner.artifacts / "perf-store" / "baselines.json").read_text())["baselines"]
@@ -222,14 +231,14 @@ def test_the_documented_workflow_runs_as_written(tmp_path: Path, clones: tuple[P
     # the same code never fails as a regression; on a machine busier than runs of it differ by,
     # the gate may say it cannot tell (inconclusive, exit 4), and names the noise
     status = doc["verdict"]["status"]
-    assert status in ("pass", "inconclusive"), passing.logs
+    assert status in ("pass", "inconclusive"), passing.why()
     assert passing.codes[judge] == {"pass": 0, "inconclusive": 4}[status] and passing.ok == (status == "pass")
     assert doc["baseline_runs"] == ["run-main1-1", "run-main1-2", "run-main1-3"]
     assert all("noise" in reason for reason in doc["verdict"]["reasons"]), doc["verdict"]
     assert f"compared with baseline run-main1-3: {status}" in passing.file("report.html").read_text()
 
     regressing = runner.run(Event("pull_request", "pr3", title="wider model"), wide)
-    assert not regressing.ok and regressing.codes[judge] == 1, regressing.logs
+    assert not regressing.ok and regressing.codes[judge] == 1, regressing.why()
     assert regressing.file("compare.code").read_text().strip() == "1"
     doc = _verdict(regressing)
     assert doc["verdict"]["status"] == "regression" and doc["step_time_source"] == "step_times.cpu_ns"
@@ -245,7 +254,7 @@ def test_the_documented_workflow_runs_as_written(tmp_path: Path, clones: tuple[P
 
     accepted = runner.run(Event("pull_request", "pr3", labels=("perf-accepted",), title="wider model: intended"),
                           wide)
-    assert accepted.ok and accepted.codes[judge] == 0, accepted.logs
+    assert accepted.ok and accepted.codes[judge] == 0, accepted.why()
     record = json.loads(accepted.file("perf-store/acceptances/run-pr3-1.json").read_text())
     assert record["reason"] == "wider model: intended" and record["previous_baseline_run"] == "run-main1-3"
     assert _verdict(accepted)["verdict"]["status"] == "regression"  # the summary still shows what changed

@@ -13,6 +13,7 @@ import pytest
 from stepscope.analysis.absent import Absent
 from stepscope.analysis.compare import compare_profiles, parse_budgets, verdict
 from stepscope.analysis.compare.budgets import BUDGET_METRICS, floors
+from stepscope.analysis.compare.gate import evaluate
 from stepscope.analysis.compare.metrics import NamedStat, RunFacts, RunProfile
 from stepscope.cli import main
 from tests.conftest import REPO
@@ -311,6 +312,25 @@ def test_a_spread_beyond_what_the_load_explains_is_the_noise() -> None:
     assert noise["margin"] == pytest.approx(12.0e6 / 1.9 - 5.0e6)
     more = [*apart, _loaded_run("c4", 7.0, 14.0), _loaded_run("c5", 9.0, 18.0)]
     assert _judge(more)[2]["margin"] == pytest.approx(noise["margin"])
+
+
+def test_one_candidate_run_inflated_beyond_its_allowance_does_not_hide_a_slowdown() -> None:
+    """A run that waited for no core, yet took twice the CPU time of its twins (a busy neighbour
+    that preempted nothing), is unexplained spread: 80 - 40 = 40 ms of margin on a 41 ms median
+    put the lower bound below the baseline, so a 4x slowdown was "cannot tell", and so would any
+    slowdown be, whatever its size. Load only inflates: the lowest run, less the baseline's
+    relative noise (0.4 / 10.2 ms), still shows at least 40 * (1 - 0.039) = 38.4 ms. Unchanged
+    code with the same one inflated run stays inconclusive, never a regression."""
+    slower = [_loaded_run("c1", 40.0, 40.0), _loaded_run("c2", 41.0, 41.0), _loaded_run("c3", 80.0, 80.0)]
+    status, reasons, noise = _judge(slower)
+    assert noise["margin"] == pytest.approx(40.0e6)
+    assert status == "regression", reasons
+    comparison = compare_profiles(BASE, slower)
+    [result] = evaluate(comparison, parse_budgets(["step_time:+10%"]), floors())
+    assert result.bounds is not None
+    assert result.bounds[0] == pytest.approx(40.0e6 * (1 - 0.4 / 10.2) - 10.2e6)
+    unchanged = [_loaded_run("c1", 10.0, 10.0), _loaded_run("c2", 10.3, 10.3), _loaded_run("c3", 20.6, 20.6)]
+    assert _judge(unchanged)[0] == "inconclusive"
 
 
 def test_past_the_load_ceiling_the_gate_is_too_loaded_to_judge() -> None:

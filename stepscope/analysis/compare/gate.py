@@ -13,8 +13,10 @@ or ``1 + f_b`` (the baseline) (:class:`~stepscope.analysis.compare.stats.Load`: 
 never shrinks, when other processes take the core; where a run counted its steps' preemptions,
 only its preempted steps are allowed that growth,
 :func:`~stepscope.analysis.compare.stats.preemption`). So the candidate's value, in the baseline's
-terms, is known only to lie between ``(c - M) / (1 + f_c)`` and ``(c + M) * (1 + f_b)``: its
-change from the baseline lies between a **lower** and an **upper bound**. The size the gate guards against is
+terms, is known only to lie between ``(c - M) / (1 + f_c)`` and ``(c + M) * (1 + f_b)`` (for a
+step time in CPU time, never below the candidate's lowest run so deflated, less the baseline's
+relative noise: :func:`_lowest_true_value`): its change from the baseline lies between a
+**lower** and an **upper bound**. The size the gate guards against is
 ``G``: the budget's threshold, at least the metric's absolute floor
 (:func:`stepscope.analysis.compare.budgets.floors`: 0.5 ms, 16 MiB, 1 GB/s by default).
 
@@ -47,9 +49,13 @@ from stepscope.analysis.compare.stats import (
     LOAD_INFLATION,
     LOAD_INFLATION_PAST_CEILING,
     Load,
+    MIN_NOISE,
+    UNSEEN_NOISE,
     MannWhitney,
     Noise,
     ceiling_loads,
+    run_inflations,
+    unexplained_range,
 )
 from stepscope.errors import Inconclusive, StepscopeError
 from stepscope.units import format_value, p_value, signed_percent
@@ -185,7 +191,37 @@ def change_bounds(m: MetricDelta, noise: Noise, direction: int) -> tuple[float, 
     ends = [direction * (value - m.base_value)
             for value in ((m.cand_value - noise.margin) / (1.0 + noise.candidate_inflation),
                           (m.cand_value + noise.margin) * (1.0 + noise.baseline_inflation))]
-    return min(ends), max(ends)
+    low, high = min(ends), max(ends)
+    floor = _lowest_true_value(m, noise)
+    if direction > 0 and floor is not None:
+        low = min(max(low, floor - m.base_value), high)
+    return low, high
+
+
+def _lowest_true_value(m: MetricDelta, noise: Noise) -> float | None:
+    """For a step time in CPU time (which load only inflates): the least the candidate's true
+    value can be, its lowest run taken down by the candidate's whole load allowance and by the
+    baseline's run-to-run noise relative to the baseline's value (at least :data:`MIN_NOISE`;
+    :data:`UNSEEN_NOISE` with one baseline run).
+
+    Why: the margin is the larger unexplained spread of either side, in the metric's unit, taken
+    off the candidate's median. One candidate run inflated beyond its allowance (a busy neighbour
+    that preempted nothing) makes that spread as large as the candidate's value, whatever the
+    change's size: an 11x slower model whose runs took 6.5, 8.9 and 9.0 ms against 0.8 ms was one
+    run at 1.5x from "cannot tell" (a recording of docs/ci.md's workflow test), and bench_gate's
+    plugin part left 3 of 20 4x slowdowns inconclusive at +-4-5 ms of noise on a 2.8 ms baseline. An
+    inflated run only raises the candidate's values; its lowest run, deflated, still bounds them
+    from below. None for other metrics (noise moves them either way)."""
+    load = noise.load
+    if load is None or not m.cand_runs or not m.base_runs or not m.base_value:
+        return None
+    base = list(m.base_runs)
+    if len(base) >= 2:
+        inflations = run_inflations(load.baseline, load.baseline_preemption)
+        relative = max(unexplained_range(base, inflations) / m.base_value, MIN_NOISE)
+    else:
+        relative = UNSEEN_NOISE
+    return min(m.cand_runs) / (1.0 + noise.candidate_inflation) * (1.0 - relative)
 
 
 def _bounds_text(low: float, high: float, m: MetricDelta) -> str:
