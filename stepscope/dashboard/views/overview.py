@@ -132,7 +132,8 @@ def show_timeline(findings: list) -> None:
         return
     default = _default_step(findings, steps)
     step = st.selectbox("Step", steps, index=steps.index(default), key="timeline_step")
-    wanted = timeline_lanes(ctx.ranks, _lanes_first(int(step)), TIMELINE_MAX_LANES)
+    first = _lanes_first(int(step)) if len(ctx.ranks) > TIMELINE_MAX_LANES else []
+    wanted = timeline_lanes(ctx.ranks, first, TIMELINE_MAX_LANES)
     drawn = _timeline_drawn(ctx.root, ctx.run, ctx.fingerprint(ctx.run), int(step), tuple(wanted))
     if not shown(drawn, "Step timeline"):
         return
