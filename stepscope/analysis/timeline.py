@@ -153,8 +153,10 @@ def timeline_lanes(ranks: Sequence[int], first: Sequence[int] = (), limit: int =
     ranks = sorted(set(int(r) for r in ranks))
     if len(ranks) <= limit:
         return ranks
-    chosen = list(dict.fromkeys(int(r) for r in first if int(r) in set(ranks)))[:limit]
-    rest = [r for r in ranks if r not in set(chosen)]
+    present = set(ranks)
+    chosen = list(dict.fromkeys(int(r) for r in first if int(r) in present))[:limit]
+    taken = set(chosen)
+    rest = [r for r in ranks if r not in taken]
     room = limit - len(chosen)
     if room == 1:
         chosen.append(rest[0])

@@ -96,9 +96,9 @@ def runs_table(root: str) -> Any:
     page waits for the listing (a second at 1,024 ranks) to draw what it already knows. A store
     listed less than :data:`REVALIDATE_S` ago (just opened, or just refreshed by
     :func:`revalidate`) is not listed again: a first open would otherwise list it twice."""
-    store = _open(root)
-    if store.listed_age_s() >= REVALIDATE_S:
-        store.refresh()
+    shared = _open(root)
+    if shared.listed_age_s() >= REVALIDATE_S:
+        shared.refresh()
     store = store_for(root)
     return store.df(
         """
