@@ -95,8 +95,8 @@ def _kernels_ctes(coll_ctes: str, ranks_sql: str) -> str:
     A rank's hiding spans are disjoint, so the part of ``[t0, t1)`` under them is
     ``covered(t1) - covered(t0)``, where ``covered(x)`` is their length before ``x``: the spans
     before the last one starting at or before ``x`` (its ``before_ns``, summed at ingest), plus
-    the part of that one before ``x``. Two as-of joins, not a join of every collective with every span of its rank
-    (~35 M pairs per rank at 2,000 collectives and 17,000 spans).
+    the part of that one before ``x``. Two as-of joins, not a join of every collective with
+    every span of its rank (~35 M pairs per rank at 2,000 collectives and 17,000 spans).
     """
     return f"""
 {coll_ctes},
@@ -430,8 +430,8 @@ def rank_compute(store: SQLStore, run: str, ranks: Sequence[int] | None = None) 
             return Absent(f"{steps.reason}; {host.reason}")
         steps, source, column = host, "host", COMPUTE_OPS.column
     # A few rows per rank (one per step): grouped over the fetched frame, not another trip through
-    # the store; in SQL and Python, not Arrow's group_by or compute functions over a Python
-    # scalar: their first call imports pandas (with acero and dataset: ~0.4 s of a summary).
+    # the store; in SQL and Python, not Arrow's group_by or compute functions: the first
+    # group_by of a process imports Arrow's acero and dataset modules.
     per_rank = local_sql(f"SELECT rank, count(step) AS steps, avg({column}) AS mean_compute, "
                          "avg(dur_ns) AS mean_step FROM steps GROUP BY rank ORDER BY rank", steps=steps)
     mean_compute = per_rank.column("mean_compute")

@@ -162,7 +162,7 @@ def skipped_kernels(store: SQLStore, run: str, ranks: Sequence[int] | None = Non
 def coverage(ops: pa.Table, skipped: dict[tuple[int, str], tuple[int, int]]) -> dict[int, Coverage]:
     """Per rank: :class:`Coverage` from the counted ops' kernels (``flop_ops``) and :func:`skipped_kernels`."""
     # Summed in SQL: a 1,024-rank run has millions of ops (a Python loop over them took 10 s), and
-    # Arrow's group_by imports acero, dataset and pandas on its first call (~0.4 s).
+    # Arrow's group_by imports acero and dataset on its first call.
     per_rank = local_sql("SELECT rank, sum(gpu_ns)::BIGINT AS gpu_ns FROM ops "
                          "WHERE counted AND gpu_ns IS NOT NULL AND gpu_ns <> 0 GROUP BY rank", ops=ops)
     sized = dict(zip(per_rank.column("rank").to_pylist(), per_rank.column("gpu_ns").to_pylist()))
