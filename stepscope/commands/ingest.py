@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="tag the run")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
                         help="convert N files at once in worker processes (default: the machine's cores; "
-                             "a batch under 32 MB converts in one process)")
+                             "a batch expected to convert in under 2 s, one process)")
     parser.add_argument("--on-conflict", choices=("session", "refuse"), default="session",
                         help="another recording of a rank the run holds, or a trace of another job than "
                              "the run's ranks (world size, device, recorded over a day apart): store it as "

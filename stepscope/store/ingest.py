@@ -394,14 +394,34 @@ def _commit_outcome(outcome: ConvertedTrace | IngestedTrace | str, file: Path, s
         return problem_line(file, exc)
 
 
-AUTO_JOBS_BYTES = 32 << 20
-"""Below this many bytes of trace files, a batch converts in this process: starting a worker
-(a fresh interpreter, ~0.5 s) costs more than it saves."""
+CONVERT_FIXED_S = 0.45
+"""A conversion's cost whatever the trace's size (~50 DuckDB statements, planned for each trace:
+hta/trace_filter/sampled_rank-0, 4,855 events, converts in 0.45-0.5 s on the 2-core machine)."""
+CONVERT_S_PER_MB = 0.8
+"""A conversion's cost per MB of gzipped trace (df_index_resolver: 3 MB, 2.8 s); an uncompressed
+file counts as :data:`JSON_PER_GZIP` times smaller."""
+JSON_PER_GZIP = 16
+"""How many times larger a trace's JSON is than its gzip (df_index_resolver 18x, trace_diff 20x,
+the samples 11-16x): a plain file is costed as its gzip would be."""
+AUTO_JOBS_MIN_S = 2.0
+"""Below this many seconds of expected conversion (:func:`expected_convert_s`), a batch converts
+in this process: starting workers (fresh interpreters, ~0.5 s each, side by side) costs more
+than splitting the rest saves. Eight small ranks (4.1 s measured) are worth two workers; two are not."""
+
+
+def expected_convert_s(files: list[Path]) -> float:
+    """Seconds a batch would take to convert in one process on the 2-core machine, from the
+    number and sizes of its files (:data:`CONVERT_FIXED_S`, :data:`CONVERT_S_PER_MB`)."""
+    mb = sum(_size(f) / (1 if f.name.endswith(".gz") else JSON_PER_GZIP) for f in files) / 2**20
+    return len(files) * CONVERT_FIXED_S + mb * CONVERT_S_PER_MB
 
 
 def default_jobs(files: list[Path] | None = None) -> int:
-    """Worker processes for a batch: the cores this process may use, or 1 for a small batch."""
-    if files is not None and sum(_size(f) for f in files) < AUTO_JOBS_BYTES:
+    """Worker processes for a batch: the cores this process may use, or 1 for a batch that takes
+    less to convert than workers take to start (:data:`AUTO_JOBS_MIN_S`). Why by time, not bytes:
+    a small trace costs its fixed ~0.45 s whatever its size, so many small ranks are as worth
+    splitting as one large one (eight ranks of 130 KB: 4.1 s in one process)."""
+    if files is not None and (len(files) < 2 or expected_convert_s(files) < AUTO_JOBS_MIN_S):
         return 1
     try:
         return max(1, len(os.sched_getaffinity(0)))
