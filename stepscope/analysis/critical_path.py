@@ -455,10 +455,25 @@ def paths_json(result: CriticalPathResult) -> Any:
              "text": p.text()} for p in paths]
 
 
+REPLAYED_RANKS = 64
+"""Runs of up to this many ranks have their findings' stakes replayed on the section's graph
+(:mod:`stepscope.analysis.stakes`); more ranks keep their rules' estimates: a replay reads every
+rank's time line by part (~3k rows a rank on a GPU trace), which on 1,024 ranks would cost the
+summary seconds and hundreds of MB (``stepscope whatif`` replays them on demand)."""
+
+
 @section("critical_path", order=95, to_json=paths_json)
 def critical_path_section(store: SQLStore, run: str, ranks: Sequence[int] | None) -> CriticalPathResult | Absent:
-    """The critical path of each step across ranks: its pieces, by part and by rank."""
+    """The critical path of each step across ranks: its pieces, by part and by rank.
+
+    On a run the findings replay (:data:`REPLAYED_RANKS`), every rank's time line is read here in
+    one query: the replay reads them all, and read here they are read while the other sections
+    run, not after them, and once, not one rank for the path and the rest for the replay (64
+    ranks: two scans of 2 M stretches, the second 0.3-0.5 s alone at the end of the summary)."""
     rg = run_graph(store, run, ranks)
     if rg is None:
         return Absent("no step windows: a critical path runs from a step's start to its end")
+    graph_ranks = sorted({r for g in rg.graphs.values() for r in g.ranks})
+    if len(graph_ranks) <= REPLAYED_RANKS:
+        rg.segments.load(graph_ranks)
     return CriticalPathResult(tuple(paths_of(rg)), rg)

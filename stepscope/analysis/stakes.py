@@ -10,9 +10,10 @@ bar: the unchanged replay against the measured steps) and ``rule_stake_ns`` (the
 estimate). The findings are then ordered by it (:func:`stepscope.analysis.findings.order_key`).
 
 A finding keeps its rule's estimate (``stake_from``: ``rule``) where the run has no critical
-path or more than :data:`MAX_RANKS` ranks, where no change is known for its rule, or where the replay finds the change saves nothing
-at all: the replay does not model that cause on that run (the GPU's own order of kernels, a
-GPU rank whose host never waits for its collectives), and 0 would be an invented figure.
+path or more than :data:`~stepscope.analysis.critical_path.REPLAYED_RANKS` ranks, where no change
+is known for its rule, or where the replay finds the change saves nothing at all: the replay
+does not model that cause on that run (the GPU's own order of kernels, a GPU rank whose host
+never waits for its collectives), and 0 would be an invented figure.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from stepscope.analysis.critical_path import CriticalPathResult
+from stepscope.analysis.critical_path import REPLAYED_RANKS, CriticalPathResult
 from stepscope.analysis.findings import Finding, Results, adjuster
 from stepscope.analysis.replay import parse_change, replay
 
@@ -38,11 +39,6 @@ CHANGES: dict[str, Callable[[Finding], list[str]]] = {
 }
 """Rule id -> the changes that remove a finding's cause (on the ranks it is about)."""
 
-MAX_RANKS = 64
-"""Runs of more ranks keep their rules' estimates: a replay reads every rank's time line by part
-(~3k rows a rank on a GPU trace), which on 1,024 ranks would cost the summary seconds and
-hundreds of MB; ``stepscope whatif`` replays them on demand."""
-
 
 @adjuster
 def replayed_stakes(found: list[Finding], results: Results) -> list[Finding]:
@@ -50,7 +46,7 @@ def replayed_stakes(found: list[Finding], results: Results) -> list[Finding]:
     result = results.get("critical_path")
     if not isinstance(result, CriticalPathResult):
         return found
-    if len({r for g in result.graph.graphs.values() for r in g.ranks}) > MAX_RANKS:
+    if len({r for g in result.graph.graphs.values() for r in g.ranks}) > REPLAYED_RANKS:
         return found
     out = []
     for finding in found:
