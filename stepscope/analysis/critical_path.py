@@ -42,7 +42,7 @@ KEY = tuple[int, int, int, int, int]
 """A collective event: (rank, ts_ns, end_ns, stream, tid) as recorded (stream and tid -1 when null)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Collective:
     """One collective event of a rank, aligned: its instance when matched, else ``inst`` None."""
 
@@ -65,7 +65,7 @@ class Collective:
         return self.ts if self.issued is None else min(self.issued, self.ts)
 
 
-@dataclass
+@dataclass(slots=True)
 class Mark:
     """A point of a rank's host time line: ``issue`` (at ``t``) or ``wait`` (``t`` .. ``t_end``)."""
 
@@ -76,7 +76,7 @@ class Mark:
     dep_end: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class RankStep:
     """One rank's step: window and marks in time order, aligned."""
 
