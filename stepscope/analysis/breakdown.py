@@ -300,9 +300,12 @@ def host_breakdown(store: SQLStore, run: str, ranks: Sequence[int] | None = None
 def segment_cuts(breakdown: Breakdown, rf: str, windows: str = "win") -> str:
     """CTE ``_cut(rank, step, part, s0, s1)``: the stretches of ``rank_segments`` (``part``: an
     entry of :data:`stepscope.store.rankstats.segments.STORED`) of ``breakdown`` clipped to each
-    window of ``windows(rank, step, w0, w1)``."""
+    window of ``windows(rank, step, w0, w1)``. Not materialised where a query reads it twice
+    (the sums, the spans of one part): materialised, every clipped stretch was copied with its
+    part's text, and reading the stretches again for the one part costs less (a 64-rank step
+    breakdown: 0.43-0.47 -> 0.38 s of CPU, half the peak memory)."""
     return f"""
-    _cut AS (
+    _cut AS NOT MATERIALIZED (
         SELECT w.rank, w.step, s.part, greatest(s.s0, w.w0) AS s0, least(s.s1, w.w1) AS s1
         FROM {windows} w
         JOIN (SELECT rank, part, s0, s1 FROM rank_segments
