@@ -333,6 +333,50 @@ def test_one_candidate_run_inflated_beyond_its_allowance_does_not_hide_a_slowdow
     assert _judge(unchanged)[0] == "inconclusive"
 
 
+def _recorded(runs: list[tuple[list[int], list[int], list[int]]], name: str) -> list[RunProfile]:
+    """Recorded runs (each step's CPU and wall time in microseconds, and its preemptions) as
+    profiles, through :func:`_preempted_run`."""
+    return [_preempted_run(f"{name}{i}", [c / 1000 for c in cpu], [w / 1000 for w in wall], switches)
+            for i, (cpu, wall, switches) in enumerate(runs)]
+
+
+# Runs recorded by bench_gate.py on this project's 2-core machine on 2026-12-04 (kept in its --keep
+# folder): each step's CPU time and wall time (us) and preemptions. The plugin's runs (11 steps) are
+# of its "quiet" condition, beside another session's test suite (load average 1.7-9.6).
+PLUGIN_QUIET_BASE = [  # perf/baseline, test_train's three baseline runs
+    # test_perf.py-test_train
+    ([6134, 3327, 2981, 2849, 2022, 2398, 2172, 2146, 2242, 1862, 2208], [6223, 3327, 2981, 2849, 2022, 2398, 2173, 2243, 2298, 1862, 2220], [0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 1]),
+    # test_perf.py-test_train..run2
+    ([3893, 3553, 2352, 2877, 2010, 2983, 2135, 2783, 1954, 2815, 1950], [4124, 4158, 2350, 3063, 2435, 3392, 2638, 3307, 2373, 3272, 2351], [3, 8, 0, 4, 7, 8, 8, 8, 7, 8, 5]),
+    # test_perf.py-test_train..run3
+    ([3917, 2630, 3228, 2492, 2818, 2800, 2764, 3157, 2811, 2551, 3202], [4081, 3167, 4021, 2969, 3328, 3401, 3310, 3707, 3584, 2823, 3302], [4, 8, 10, 7, 8, 9, 10, 8, 12, 4, 2]),
+]
+PLUGIN_4X = [  # test_train made 4x slower, its three runs
+    # candidates-0-4x test_perf.py-test_train
+    ([13824, 10114, 11421, 10791, 10692, 10889, 10672, 10967, 10767, 10900, 10870], [13824, 10114, 11422, 10983, 10693, 11346, 10672, 10996, 10768, 10990, 10871], [0, 0, 0, 0, 0, 1, 0, 2, 0, 1, 0]),
+    # candidates-0-4x test_perf.py-test_train..run2
+    ([11436, 9501, 7591, 7269, 6382, 6090, 6338, 6028, 6317, 5967, 6224], [13489, 13534, 7591, 7269, 6382, 6091, 6338, 6028, 6317, 5968, 6239], [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+    # candidates-0-4x test_perf.py-test_train..run3
+    ([13655, 13676, 8893, 10801, 10187, 7159, 7367, 6997, 7264, 6848, 7222], [48530, 66390, 16525, 24870, 20804, 12760, 15553, 12143, 15926, 15223, 16474], [13, 22, 3, 3, 5, 2, 4, 2, 2, 3, 3]),
+]
+
+
+def test_each_candidate_run_is_deflated_by_its_own_allowance() -> None:
+    """A 4x slowdown's runs: 10.87 ms (never kept waiting), 6.34 ms (never preempted) and 7.37 ms
+    (preempted on every step: 90 %), against 2.78 ms. 10.87 ms against the others is 4.4 ms of
+    unexplained spread, so the median's bounds allow any change; the lowest run taken down by the
+    side's 90 % (6.34 / 1.9 * 0.98 = 3.27 ms) is +0.49 ms, under the 0.5 ms floor: "cannot tell",
+    live in bench_gate's plugin part. Each run by its own allowance, the lowest is 7.37 / 1.9 *
+    0.98 = 3.80 ms: +1.02 ms at least, a regression."""
+    base, slower = _recorded(PLUGIN_QUIET_BASE, "b"), _recorded(PLUGIN_4X, "c")
+    status, reasons, noise = _judge(slower, base)
+    assert noise["margin"] > 4.0e6 and noise["load"]["candidate_inflation"] == pytest.approx(0.9, abs=0.01)
+    assert status == "regression", reasons
+    comparison = compare_profiles(base, slower)
+    [result] = evaluate(comparison, parse_budgets(["step_time:+10%"]), floors())
+    assert result.bounds is not None and result.bounds[0] > 1.0e6
+
+
 def test_past_the_load_ceiling_the_gate_is_too_loaded_to_judge() -> None:
     """Runs whose preempted steps took 8x their CPU time in wall time are past the 6x ceiling
     (stats.LOAD_CEILING), where load was measured to inflate CPU time by more than the 1.9x

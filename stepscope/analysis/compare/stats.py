@@ -253,14 +253,20 @@ class Load:
         """How much the baseline's CPU time may be too high: its most inflated run's
         (:func:`run_inflations`), or :data:`LOAD_INFLATION_PAST_CEILING` when a run of it is past
         the ceiling."""
-        return _side_inflation(self.baseline, self.baseline_preemption, self.baseline_too_loaded)
+        return max(run_allowances(self.baseline, self.baseline_preemption, self.ceiling))
 
     @property
     def candidate_inflation(self) -> float:
         """How much the candidate's CPU time may be too high: its most inflated run's
         (:func:`run_inflations`), or :data:`LOAD_INFLATION_PAST_CEILING` when a run of it is past
         the ceiling."""
-        return _side_inflation(self.candidate, self.candidate_preemption, self.candidate_too_loaded)
+        return max(self.candidate_allowances)
+
+    @property
+    def candidate_allowances(self) -> tuple[float, ...]:
+        """Each candidate run's own bound on how much too high its CPU time may be
+        (:func:`run_allowances`)."""
+        return tuple(run_allowances(self.candidate, self.candidate_preemption, self.ceiling))
 
     @property
     def baseline_too_loaded(self) -> bool:
@@ -293,13 +299,6 @@ class Load:
                 "candidate_preemption": side(self.candidate, self.candidate_preemption)}
 
 
-def _side_inflation(loads: Sequence[float], found: Sequence[Preemption | None], too_loaded: bool) -> float:
-    """How much one side's CPU time may be too high: its most inflated run's
-    (:func:`run_inflations`), at least :data:`LOAD_INFLATION_PAST_CEILING` when it is too loaded."""
-    allowed = max(run_inflations(loads, found))
-    return max(allowed, LOAD_INFLATION_PAST_CEILING) if too_loaded else allowed
-
-
 def _each_run(loads: Sequence[float], found: Sequence[Preemption | None]) -> list[Preemption | None]:
     """``found`` lined up with ``loads``: None for each run past its end."""
     return [found[i] if i < len(found) else None for i in range(len(loads))]
@@ -309,6 +308,13 @@ def run_inflations(loads: Sequence[float], found: Sequence[Preemption | None]) -
     """Each run's bound on how much too high its CPU time may be: its steps' :class:`Preemption`
     where it recorded them, else :func:`inflation_at` its load."""
     return [inflation_at(load) if p is None else p.inflation for load, p in zip(loads, _each_run(loads, found))]
+
+
+def run_allowances(loads: Sequence[float], found: Sequence[Preemption | None], ceiling: float) -> list[float]:
+    """Each run's own bound on how much too high its CPU time may be (:func:`run_inflations`), at
+    least :data:`LOAD_INFLATION_PAST_CEILING` for a run at or past ``ceiling`` (:func:`ceiling_loads`)."""
+    return [max(f, LOAD_INFLATION_PAST_CEILING) if load >= ceiling else f
+            for f, load in zip(run_inflations(loads, found), ceiling_loads(loads, found))]
 
 
 def ceiling_loads(loads: Sequence[float], found: Sequence[Preemption | None]) -> list[float]:
