@@ -406,10 +406,15 @@ def test_a_baseline_recorded_busy_passes_nothing_its_inflation_could_hide() -> N
     assert status == "inconclusive", reasons
     assert noise["load"]["baseline_inflation"] == LOAD_INFLATION
     assert "cannot tell whether it is over +10% and the 500 us floor" in reasons[0]
+    assert "the baseline was recorded busy (a run's preempted steps took 1.28x their CPU time in wall time, " \
+           "1.05x or more), so its every step is allowed 90%" in reasons[0]
 
     status, reasons, noise = _judge(_recorded(CLI_QUIET_CAND, "c"), _recorded(CLI_QUIET_BASE, "b"))
     assert status == "pass", reasons
     assert noise["load"]["baseline_inflation"] < 0.05
+    [result] = evaluate(compare_profiles(_recorded(CLI_QUIET_BASE, "b"), _recorded(CLI_QUIET_CAND, "c")),
+                        parse_budgets(["step_time:+10%"]), floors())
+    assert "recorded busy" not in result.message
 
 
 def test_each_candidate_run_is_deflated_by_its_own_allowance() -> None:

@@ -46,6 +46,7 @@ from stepscope.analysis.compare.budgets import Budget
 from stepscope.analysis.compare.budgets import floors as default_floors
 from stepscope.analysis.compare.comparison import Comparison, MetricDelta
 from stepscope.analysis.compare.stats import (
+    BUSY_LOAD,
     LOAD_INFLATION,
     LOAD_INFLATION_PAST_CEILING,
     Load,
@@ -53,6 +54,7 @@ from stepscope.analysis.compare.stats import (
     UNSEEN_NOISE,
     MannWhitney,
     Noise,
+    busy_loads,
     ceiling_loads,
     run_inflations,
     unexplained_range,
@@ -153,9 +155,14 @@ def _load_text(noise: Noise) -> str:
     sides = [f"the {side}'s up to {inflation * 100:.0f}% too high"
              for side, inflation in (("baseline", load.baseline_inflation), ("candidate", load.candidate_inflation))
              if inflation]
+    busy = ""
+    if load.baseline_busy:
+        busy = (f"; the baseline was recorded busy (a run's preempted steps took "
+                f"{max(busy_loads(load.baseline, load.baseline_preemption)):.2f}x their CPU time in wall time, "
+                f"{BUSY_LOAD:g}x or more), so its every step is allowed {LOAD_INFLATION * 100:.0f}%")
     return (f"; the runs were loaded (the most loaded one's steps took {load.worst:.2f}x their CPU time in "
             f"wall time, the baseline's {min(load.baseline):.2f}-{max(load.baseline):.2f}x), which inflates "
-            f"CPU time: {' and '.join(sides)}{_preempted_text(load)}")
+            f"CPU time: {' and '.join(sides)}{_preempted_text(load)}{busy}")
 
 
 def _preempted_text(load: Load) -> str:
