@@ -59,6 +59,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -365,11 +366,14 @@ def _candidates(project: Path, session: int, kind: str) -> Path:
 def _rejudged(project: Path, session: int, kind: str) -> list[tuple[str, str, str, float | None]]:
     """(test, outcome, message, judged factor) per test of a kept session, judged again with the rule as it is
     now, the plugin's way (:func:`stepscope.commands.compare.gate` with the default budgets, the
-    candidate's first run, then one more while the result is grey and the session kept one;
-    a rule that decides sooner than the recorded one uses fewer runs, one that decides later
-    has only the runs the session made); the judged factor is the candidate's step time over
-    the baseline's, in the measure judged."""
+    candidate's first run, then one more while the plugin would run the test again,
+    :func:`stepscope.pytest_plugin.needs_another_run`, up to its ``1 + reruns`` runs; a rule that
+    decides sooner than the recorded one uses fewer runs, one that decides later has only the runs
+    the session made); the judged factor is the candidate's step time over the baseline's, in the
+    measure judged. Until 2026-12-04 this went on only while grey, where the plugin also re-runs a
+    regression: a 4x slowdown judged "cannot tell" on three runs was replayed as caught on one."""
     from stepscope.commands.compare import gate
+    from stepscope.pytest_plugin import DEFAULT_RERUNS, needs_another_run
     from stepscope.store.baselines import load_baselines
     from stepscope.store.runs import stored_runs
 
@@ -378,16 +382,37 @@ def _rejudged(project: Path, session: int, kind: str) -> list[tuple[str, str, st
     out = []
     for folder in sorted((project / "perf").iterdir()):
         for test in sorted(load_baselines(folder)):
-            runs = [r for r in (test, *(f"{test}..run{n}" for n in range(2, 10))) if r in recorded]
+            runs = [r for r in (test, *(f"{test}..run{n}" for n in range(2, 2 + DEFAULT_RERUNS))) if r in recorded]
             for used in range(1, len(runs) + 1):
                 comparison, verdict = gate(f"{folder}::{test}", [f"{store}::{r}" for r in runs[:used]], None, [],
                                            None, None)
-                if verdict.status != "inconclusive" or not any(r.grey for r in verdict.results):
+                if not needs_another_run(comparison, verdict):
                     break
             step = comparison.metric("step_time")
             budget = next(r.message for r in verdict.results if r.budget.metric == "step_time")
             factor = (step.cand_value or 0) / (step.base_value or 1)
             out.append((test, verdict.status, f"{factor:.2f}x judged, {used} run(s): {budget}", factor))
+    return out
+
+
+def _runs_used(message: str) -> str:
+    """The ``N run(s)`` a judged test's message starts with (``?`` for a test not judged)."""
+    found = re.search(r"(\d+) run\(s\)", message)
+    return found.group(1) if found else "?"
+
+
+def _unlike_live(kind: str, rejudged: list[tuple[str, str, str, float | None]],
+                 live: list[tuple[str, str, str, float | None]]) -> list[str]:
+    """Each test whose re-judged outcome or number of runs differs from what the live session's
+    ``--junitxml`` recorded: a re-judge with the rule the session ran must reproduce it."""
+    from stepscope.store.writer import run_id
+
+    recorded = {run_id(f"test_perf.py::{test}"): (outcome, _runs_used(message)) for test, outcome, message, _ in live}
+    out = []
+    for test, outcome, message, _ in rejudged:
+        now = (outcome, _runs_used(message))
+        if recorded.get(test) != now:
+            out.append(f"{kind} {test}: live {recorded.get(test)}, re-judged {now}")
     return out
 
 
@@ -410,6 +435,8 @@ def plugin_part(condition: str, sessions: int, steps: int, batches: dict[str, in
             raise SystemExit(f"saving the plugin project's baseline failed:\n{out}")
     counts: dict[str, Counter[str]] = {}
     missed: list[str] = []
+    differ: list[str] = []
+    replayed = 0
     too_loaded: Counter[str] = Counter()
     factors: dict[str, list[float]] = {kind: [] for kind in FACTORS}
     for session in range(sessions):
@@ -418,6 +445,9 @@ def plugin_part(condition: str, sessions: int, steps: int, batches: dict[str, in
             junit = project / f"judged-{session}-{kind}.xml"
             if batches is None:
                 judged = _rejudged(project, session, kind)
+                if junit.exists():
+                    differ += _unlike_live(kind, judged, _judged(junit))
+                    replayed += len(judged)
             else:
                 _pytest(project, batches, f"--junitxml={junit}",
                         f"--stepscope-store={_candidates(project, session, kind)}", kind=kind)
@@ -431,6 +461,9 @@ def plugin_part(condition: str, sessions: int, steps: int, batches: dict[str, in
         print(f"\n{condition}: each kind's judged step time against its baseline's (median over tests): "
               + ", ".join(f"{k} {median(v):.2f}x (range {min(v):.2f}-{max(v):.2f})"
                           for k, v in factors.items() if v))
+    if replayed:
+        print(f"\n{condition}: re-judged as the live session recorded (outcome and runs used): "
+              f"{replayed - len(differ)}/{replayed}" + "".join(f"\n  {line}" for line in differ))
     print(f"\n{condition}: plugin tests judged too loaded to judge (past the load ceiling), per kind: "
           f"{dict(too_loaded) or 'none'}")
     print(f"{condition}: plugin outcomes off target ({len(missed)}):")

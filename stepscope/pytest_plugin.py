@@ -46,9 +46,12 @@ import json
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from stepscope.analysis.compare import Comparison, Verdict
 
 SAVE_OPTION = "--stepscope-save-baseline"
 RERUNS_OPTION = "--stepscope-reruns"
@@ -252,6 +255,14 @@ def _save(item: pytest.Item, gate: _Gate) -> None:
     item.config.stash[_SAVED].append(gate.run)
 
 
+def needs_another_run(comparison: Comparison, verdict: Verdict) -> bool:
+    """Whether the plugin runs a judged test's body again (:func:`_judge` says why): a comparable
+    result in the grey zone, or a regression. Shared with ``bench_gate.py --rejudge``, which must
+    replay the plugin's judgement on its kept runs, not a rule of its own."""
+    grey = verdict.status == "inconclusive" and comparison.comparable and any(r.grey for r in verdict.results)
+    return grey or verdict.status == "regression"
+
+
 def _judge(item: pytest.Item, gate: _Gate) -> None:
     """Judge the test's runs against its baseline; while the result is grey or a regression,
     run the body again (``reruns`` times at most) and judge all its runs together.
@@ -275,8 +286,7 @@ def _judge(item: pytest.Item, gate: _Gate) -> None:
         comparison, verdict = compare_gate(
             gate.baseline.spec(gate.run), [f"{gate.store}::{run}" for run in gate.runs], None, marker_budgets, None,
             None, floors=floors, defaults=bool(gate.options.get("defaults", not budget)))
-        grey = verdict.status == "inconclusive" and comparison.comparable and any(r.grey for r in verdict.results)
-        if not (grey or verdict.status == "regression") or len(gate.runs) > reruns:
+        if not needs_another_run(comparison, verdict) or len(gate.runs) > reruns:
             break
         _repeat(item, gate)
     item.user_properties.append(("stepscope", json.dumps(

@@ -333,6 +333,150 @@ def test_one_candidate_run_inflated_beyond_its_allowance_does_not_hide_a_slowdow
     assert _judge(unchanged)[0] == "inconclusive"
 
 
+def _recorded(runs: list[tuple[list[int], list[int], list[int]]], name: str) -> list[RunProfile]:
+    """Recorded runs (each step's CPU and wall time in microseconds, and its preemptions) as
+    profiles, through :func:`_preempted_run`."""
+    return [_preempted_run(f"{name}{i}", [c / 1000 for c in cpu], [w / 1000 for w in wall], switches)
+            for i, (cpu, wall, switches) in enumerate(runs)]
+
+
+# Runs recorded by bench_gate.py on this project's 2-core machine on 2026-12-04 (kept in its --keep
+# folder): each step's CPU time and wall time (us) and preemptions. The plugin's runs (11 steps) are
+# of its "quiet" condition, beside another session's test suite (load average 1.7-9.6); the compare
+# part's (20 steps) are of its quiet condition's end, where the load had dropped.
+PLUGIN_BUSY_BASE = [  # perf/other, test_train_param[16]'s three baseline runs
+    # test_perf.py-test_train_param-16
+    ([5096, 3623, 4281, 3805, 3439, 3038, 3786, 3123, 2241, 1977, 2216],
+     [5236, 3651, 5495, 3806, 3438, 6723, 4963, 3123, 2241, 1977, 2217],
+     [3, 0, 2, 0, 1, 18, 2, 0, 0, 0, 0]),
+    # test_perf.py-test_train_param-16..run2
+    ([3999, 3357, 4293, 2925, 2690, 2979, 2685, 3002, 2407, 3281, 2210],
+     [3998, 4006, 5479, 5055, 3204, 3325, 3816, 3337, 2406, 4073, 2512],
+     [0, 7, 6, 4, 5, 5, 8, 4, 0, 4, 1]),
+    # test_perf.py-test_train_param-16..run3
+    ([4094, 3780, 2994, 3579, 3235, 2705, 2795, 2767, 2371, 2865, 2180],
+     [4092, 4117, 5148, 4669, 4818, 2704, 2796, 2773, 2372, 2894, 2222],
+     [0, 3, 27, 13, 20, 0, 0, 1, 0, 1, 1]),
+]
+PLUGIN_13X = [  # the same test made 1.3x slower, its first run
+    # candidates-4-1.3x
+    ([6538, 4061, 3885, 3186, 2365, 2376, 2255, 2433, 2338, 2339, 3489],
+     [6537, 4061, 3885, 3186, 2365, 2376, 2256, 2432, 2340, 2338, 3489],
+     [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+]
+CLI_QUIET_BASE = [  # three unchanged runs, none kept waiting (preempted steps <= 1.02x)
+    # unchanged-14.0
+    ([4165, 3745, 3841, 2927, 2084, 1911, 1516, 1540, 1446, 1413, 1687, 1509, 1808, 1563, 3139, 1634, 1630,
+      1666, 1471, 1436],
+     [4164, 3746, 3840, 3269, 2084, 1910, 1552, 1540, 1446, 1413, 1767, 1509, 1892, 1563, 3354, 1633, 1630,
+      1666, 1473, 1434],
+     [0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),
+    # unchanged-14.1
+    ([4169, 3283, 4914, 3395, 1738, 1575, 1754, 1774, 1705, 1658, 1712, 1458, 1874, 1502, 1926, 1566, 1549,
+      1875, 1681, 1643],
+     [4176, 3284, 4934, 4863, 2419, 1575, 1787, 1774, 2181, 1655, 1792, 1458, 1883, 1501, 1927, 1566, 1549,
+      1882, 1751, 1673],
+     [1, 0, 1, 2, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 1, 0, 1]),
+    # unchanged-14.2
+    ([4006, 3779, 4638, 2745, 1769, 1689, 1777, 1937, 1493, 1445, 1600, 1571, 1641, 1659, 1638, 1466, 1593,
+      1552, 1464, 1538],
+     [4017, 3798, 4664, 2949, 1767, 1690, 1923, 1973, 1493, 1446, 1600, 1572, 2099, 1657, 1640, 1464, 1593,
+      1596, 1463, 1538],
+     [1, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0]),
+]
+CLI_QUIET_CAND = [  # three more of the same code, a few pairs later
+    # unchanged-19.0
+    ([3784, 3614, 3930, 1725, 1707, 1352, 1595, 1725, 1377, 2317, 1501, 1576, 1610, 1552, 1737, 1380, 1630,
+      1554, 1356, 1640],
+     [3783, 3615, 3930, 1783, 1707, 1351, 1731, 1725, 1378, 2317, 1603, 1576, 1608, 1552, 2239, 1380, 1631,
+      1553, 1357, 1639],
+     [0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),
+    # unchanged-19.1
+    ([4223, 4703, 4989, 2163, 2156, 2227, 1665, 1460, 2342, 1586, 2092, 1732, 1651, 1702, 1471, 1633, 1542,
+      1797, 1472, 2000],
+     [4231, 4702, 5252, 2163, 2322, 2227, 1696, 1460, 2343, 1585, 2502, 1733, 1652, 1701, 1471, 1679, 1543,
+      1798, 1471, 2002],
+     [1, 0, 1, 0, 1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0]),
+    # unchanged-19.2
+    ([3956, 3297, 5447, 1688, 2659, 2489, 1770, 1703, 1665, 1623, 1676, 1648, 1609, 1520, 1703, 1464, 2068,
+      1595, 2240, 1596],
+     [3962, 3318, 5628, 1690, 2773, 2526, 1816, 1759, 1666, 2123, 1673, 1692, 1608, 1520, 1704, 1464, 2114,
+      1594, 2241, 1724],
+     [1, 1, 2, 0, 1, 1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0]),
+]
+PLUGIN_QUIET_BASE = [  # perf/baseline, test_train's three baseline runs
+    # test_perf.py-test_train
+    ([6134, 3327, 2981, 2849, 2022, 2398, 2172, 2146, 2242, 1862, 2208],
+     [6223, 3327, 2981, 2849, 2022, 2398, 2173, 2243, 2298, 1862, 2220],
+     [0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 1]),
+    # test_perf.py-test_train..run2
+    ([3893, 3553, 2352, 2877, 2010, 2983, 2135, 2783, 1954, 2815, 1950],
+     [4124, 4158, 2350, 3063, 2435, 3392, 2638, 3307, 2373, 3272, 2351],
+     [3, 8, 0, 4, 7, 8, 8, 8, 7, 8, 5]),
+    # test_perf.py-test_train..run3
+    ([3917, 2630, 3228, 2492, 2818, 2800, 2764, 3157, 2811, 2551, 3202],
+     [4081, 3167, 4021, 2969, 3328, 3401, 3310, 3707, 3584, 2823, 3302],
+     [4, 8, 10, 7, 8, 9, 10, 8, 12, 4, 2]),
+]
+PLUGIN_4X = [  # test_train made 4x slower, its three runs
+    # candidates-0-4x test_perf.py-test_train
+    ([13824, 10114, 11421, 10791, 10692, 10889, 10672, 10967, 10767, 10900, 10870],
+     [13824, 10114, 11422, 10983, 10693, 11346, 10672, 10996, 10768, 10990, 10871],
+     [0, 0, 0, 0, 0, 1, 0, 2, 0, 1, 0]),
+    # candidates-0-4x test_perf.py-test_train..run2
+    ([11436, 9501, 7591, 7269, 6382, 6090, 6338, 6028, 6317, 5967, 6224],
+     [13489, 13534, 7591, 7269, 6382, 6091, 6338, 6028, 6317, 5968, 6239],
+     [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+    # candidates-0-4x test_perf.py-test_train..run3
+    ([13655, 13676, 8893, 10801, 10187, 7159, 7367, 6997, 7264, 6848, 7222],
+     [48530, 66390, 16525, 24870, 20804, 12760, 15553, 12143, 15926, 15223, 16474],
+     [13, 22, 3, 3, 5, 2, 4, 2, 2, 3, 3]),
+]
+
+
+def test_a_baseline_recorded_busy_passes_nothing_its_inflation_could_hide() -> None:
+    """A baseline saved in a busy spell measured 2.98 ms for code whose unchanged first runs took
+    2.05-2.28 ms in the same condition's five sessions; its runs' preempted steps took 1.09-1.28x
+    their CPU time, which the per-step rule turned into 24 % at most. A 1.3x slowdown's first run
+    measured 2.43 ms: at most (2.43 + 0.06) * 1.24 = 3.09 ms, +3.6 %: passed ("ok", one of the
+    plugin part's three).
+    Kept waiting at all (BUSY_LOAD), the baseline's CPU time may be up to 90 % too high on its
+    unpreempted steps too: up to +59 %, "cannot tell". Three unchanged runs recorded quiet (no run
+    kept waiting 1.05x) against three more of the same code still pass."""
+    from stepscope.analysis.compare.stats import LOAD_INFLATION
+
+    busy, slower = _recorded(PLUGIN_BUSY_BASE, "b"), _recorded(PLUGIN_13X, "c")
+    status, reasons, noise = _judge(slower, busy)
+    assert status == "inconclusive", reasons
+    assert noise["load"]["baseline_inflation"] == LOAD_INFLATION
+    assert "cannot tell whether it is over +10% and the 500 us floor" in reasons[0]
+    assert "the baseline was recorded busy (a run's preempted steps took 1.28x their CPU time in wall time, " \
+           "1.05x or more), so its every step is allowed 90%" in reasons[0]
+
+    status, reasons, noise = _judge(_recorded(CLI_QUIET_CAND, "c"), _recorded(CLI_QUIET_BASE, "b"))
+    assert status == "pass", reasons
+    assert noise["load"]["baseline_inflation"] < 0.05
+    [result] = evaluate(compare_profiles(_recorded(CLI_QUIET_BASE, "b"), _recorded(CLI_QUIET_CAND, "c")),
+                        parse_budgets(["step_time:+10%"]), floors())
+    assert "recorded busy" not in result.message
+
+
+def test_each_candidate_run_is_deflated_by_its_own_allowance() -> None:
+    """A 4x slowdown's runs: 10.87 ms (never kept waiting), 6.34 ms (never preempted) and 7.37 ms
+    (preempted on every step: 90 %), against 2.78 ms. 10.87 ms against the others is 4.4 ms of
+    unexplained spread, so the median's bounds allow any change; the lowest run taken down by the
+    side's 90 % (6.34 / 1.9 * 0.98 = 3.27 ms) is +0.49 ms, under the 0.5 ms floor: "cannot tell",
+    live in bench_gate's plugin part. Each run by its own allowance, the lowest is 7.37 / 1.9 *
+    0.98 = 3.80 ms: +1.02 ms at least, a regression."""
+    base, slower = _recorded(PLUGIN_QUIET_BASE, "b"), _recorded(PLUGIN_4X, "c")
+    status, reasons, noise = _judge(slower, base)
+    assert noise["margin"] > 4.0e6 and noise["load"]["candidate_inflation"] == pytest.approx(0.9, abs=0.01)
+    assert status == "regression", reasons
+    comparison = compare_profiles(base, slower)
+    [result] = evaluate(comparison, parse_budgets(["step_time:+10%"]), floors())
+    assert result.bounds is not None and result.bounds[0] > 1.0e6
+
+
 def test_past_the_load_ceiling_the_gate_is_too_loaded_to_judge() -> None:
     """Runs whose preempted steps took 8x their CPU time in wall time are past the 6x ceiling
     (stats.LOAD_CEILING), where load was measured to inflate CPU time by more than the 1.9x
@@ -383,7 +527,11 @@ def test_the_load_inflation_grows_with_the_most_loaded_run() -> None:
     assert Load((1.0, 1.0), (1.0,)).inflation == 0.0
     assert Load((0.98,), (0.99,)).inflation == 0.0  # wall below CPU (timer granularity): unloaded
     assert Load((1.0,), (1.25,)).inflation == pytest.approx(LOAD_INFLATION / 2)  # halfway to 1.5
-    assert Load((1.25, 1.0), (1.0, 1.0)).inflation == pytest.approx(LOAD_INFLATION / 2)  # either side's
+    assert Load((1.0, 1.0), (1.25, 1.0)).inflation == pytest.approx(LOAD_INFLATION / 2)  # either side's
+    # a baseline run under BUSY_LOAD follows the same line; from it on the baseline was recorded
+    # busy, and its side is allowed the full inflation (test_a_baseline_recorded_busy_...)
+    assert Load((1.04, 1.0), (1.0, 1.0)).inflation == pytest.approx(LOAD_INFLATION * 0.04 / 0.5)
+    assert Load((1.25, 1.0), (1.0, 1.0)).inflation == LOAD_INFLATION
     assert Load((1.0,), (1.0, 1.0, 3.0)).worst == 3.0 and Load((1.0,), (3.0,)).inflation == LOAD_INFLATION
     busy_base = Load((1.0, 3.0), (1.25,))  # each side is bounded by its own most loaded run
     assert busy_base.baseline_inflation == LOAD_INFLATION

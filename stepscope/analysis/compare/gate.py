@@ -46,6 +46,7 @@ from stepscope.analysis.compare.budgets import Budget
 from stepscope.analysis.compare.budgets import floors as default_floors
 from stepscope.analysis.compare.comparison import Comparison, MetricDelta
 from stepscope.analysis.compare.stats import (
+    BUSY_LOAD,
     LOAD_INFLATION,
     LOAD_INFLATION_PAST_CEILING,
     Load,
@@ -53,6 +54,7 @@ from stepscope.analysis.compare.stats import (
     UNSEEN_NOISE,
     MannWhitney,
     Noise,
+    busy_loads,
     ceiling_loads,
     run_inflations,
     unexplained_range,
@@ -153,9 +155,14 @@ def _load_text(noise: Noise) -> str:
     sides = [f"the {side}'s up to {inflation * 100:.0f}% too high"
              for side, inflation in (("baseline", load.baseline_inflation), ("candidate", load.candidate_inflation))
              if inflation]
+    busy = ""
+    if load.baseline_busy:
+        busy = (f"; the baseline was recorded busy (a run's preempted steps took "
+                f"{max(busy_loads(load.baseline, load.baseline_preemption)):.2f}x their CPU time in wall time, "
+                f"{BUSY_LOAD:g}x or more), so its every step is allowed {LOAD_INFLATION * 100:.0f}%")
     return (f"; the runs were loaded (the most loaded one's steps took {load.worst:.2f}x their CPU time in "
             f"wall time, the baseline's {min(load.baseline):.2f}-{max(load.baseline):.2f}x), which inflates "
-            f"CPU time: {' and '.join(sides)}{_preempted_text(load)}")
+            f"CPU time: {' and '.join(sides)}{_preempted_text(load)}{busy}")
 
 
 def _preempted_text(load: Load) -> str:
@@ -200,8 +207,9 @@ def change_bounds(m: MetricDelta, noise: Noise, direction: int) -> tuple[float, 
 
 def _lowest_true_value(m: MetricDelta, noise: Noise) -> float | None:
     """For a step time in CPU time (which load only inflates): the least the candidate's true
-    value can be, its lowest run taken down by the candidate's whole load allowance and by the
-    baseline's run-to-run noise relative to the baseline's value (at least :data:`MIN_NOISE`;
+    value can be, the lowest of its runs each taken down by its own load allowance
+    (:attr:`~stepscope.analysis.compare.stats.Load.candidate_allowances`), less the baseline's
+    run-to-run noise relative to the baseline's value (at least :data:`MIN_NOISE`;
     :data:`UNSEEN_NOISE` with one baseline run).
 
     Why: the margin is the larger unexplained spread of either side, in the metric's unit, taken
@@ -211,7 +219,12 @@ def _lowest_true_value(m: MetricDelta, noise: Noise) -> float | None:
     run at 1.5x from "cannot tell" (a recording of docs/ci.md's workflow test), and bench_gate's
     plugin part left 3 of 20 4x slowdowns inconclusive at +-4-5 ms of noise on a 2.8 ms baseline. An
     inflated run only raises the candidate's values; its lowest run, deflated, still bounds them
-    from below. None for other metrics (noise moves them either way)."""
+    from below. Each run by its own allowance, not the side's largest: that bounds a run's code
+    from below as well, and the side's largest (one run preempted on every step, 90 %) taken off a
+    run that was never preempted (6.34 ms, beside runs of 10.87 ms and of 7.37 ms preempted on
+    every step, against a 2.78 ms baseline) left a 4x slowdown "cannot tell" in bench_gate's plugin
+    part of 2026-12-04. It holds as long as one run stayed within its allowance. None for other
+    metrics (noise moves them either way)."""
     load = noise.load
     if load is None or not m.cand_runs or not m.base_runs or not m.base_value:
         return None
@@ -221,7 +234,7 @@ def _lowest_true_value(m: MetricDelta, noise: Noise) -> float | None:
         relative = max(unexplained_range(base, inflations) / m.base_value, MIN_NOISE)
     else:
         relative = UNSEEN_NOISE
-    return min(m.cand_runs) / (1.0 + noise.candidate_inflation) * (1.0 - relative)
+    return min(v / (1.0 + f) for v, f in zip(m.cand_runs, load.candidate_allowances)) * (1.0 - relative)
 
 
 def _bounds_text(low: float, high: float, m: MetricDelta) -> str:

@@ -173,6 +173,25 @@ unchanged code would have to measure 2.42x its baseline to fail; what the usual 
 have decided and this one does not is "too loaded to judge"."""
 
 
+BUSY_LOAD = 1.05
+"""A baseline run whose preempted steps took this many times their CPU time in wall time or more
+(the median over those steps; a run without the count: its load as a whole) was recorded while
+other processes kept the machine busy, and then its whole side is allowed the full
+:data:`LOAD_INFLATION`, its unpreempted steps' CPU time included (:attr:`Load.baseline_inflation`).
+
+Why: in a busy spell CPU time grows without preemption too (a neighbour on the other core shares
+the caches and the memory bus). In ``bench_gate.py``'s plugin part of 2026-12-04 (343 runs of one
+MLP at three sizes on this project's 2-core machine, beside another session's tests), runs whose
+preempted steps took 1.05-1.2x their CPU time measured up to 1.76x the 10th percentile of their
+size's runs, where the per-step rule allows 9-36 %; a baseline saved in such a spell was allowed
+24 % on 2.98 ms for code whose unchanged runs took 2.05-2.28 ms, and a 1.3x slowdown that
+measured 2.43 ms against it passed (3 of 20). Only the baseline: a larger allowance there only
+widens the upper bound, so it can turn a pass into "cannot tell", never make a regression; on the
+candidate's side it would hide slowdowns. A threshold, not a bound: runs under it (151 of the 343)
+reached 1.97x too, and a baseline none of whose runs waited, recorded beside one busy process, is
+allowed only its per-step bound (docs/ci.md)."""
+
+
 @dataclass(frozen=True)
 class Preemption:
     """A run's steps as other processes left them, from each step's involuntary context switches
@@ -186,6 +205,10 @@ class Preemption:
     """The median over the run's steps of each preempted step's wall over CPU time (1.0 for a step
     never preempted): the run's load as other processes made it, which :data:`LOAD_CEILING` is
     held against (a step that waited of its own accord, on I/O or a lock, is no load)."""
+    preempted_load: float = 1.0
+    """The median over the preempted steps alone of their wall over CPU time (1.0 when none was
+    preempted): whether other processes kept this run waiting at all, which
+    :data:`BUSY_LOAD` is held against for a baseline run."""
 
     def to_json(self) -> dict[str, float | int]:
         return {"steps": self.steps, "preempted": self.preempted, "inflation": self.inflation, "load": self.load}
@@ -203,8 +226,9 @@ def preemption(cpu: Sequence[float], wall: Sequence[float], switches: Sequence[f
     another thread of the process) as load: those do not inflate CPU time."""
     loads = [w / c if n > 0 and c > 0 else 1.0 for c, w, n in zip(cpu, wall, switches)]
     low = median([c / (1.0 + inflation_at(load)) for c, load in zip(cpu, loads)])
-    return Preemption(len(cpu), sum(1 for n in switches if n > 0),
-                      median(list(cpu)) / low - 1.0 if low > 0 else 0.0, median(loads))
+    preempted = [load for load, n in zip(loads, switches) if n > 0]
+    return Preemption(len(cpu), len(preempted), median(list(cpu)) / low - 1.0 if low > 0 else 0.0, median(loads),
+                      median(preempted) if preempted else 1.0)
 
 
 @dataclass(frozen=True)
@@ -251,16 +275,30 @@ class Load:
     @property
     def baseline_inflation(self) -> float:
         """How much the baseline's CPU time may be too high: its most inflated run's
-        (:func:`run_inflations`), or :data:`LOAD_INFLATION_PAST_CEILING` when a run of it is past
+        (:func:`run_inflations`), the full :data:`LOAD_INFLATION` when it was recorded busy
+        (:attr:`baseline_busy`), or :data:`LOAD_INFLATION_PAST_CEILING` when a run of it is past
         the ceiling."""
-        return _side_inflation(self.baseline, self.baseline_preemption, self.baseline_too_loaded)
+        allowed = max(run_allowances(self.baseline, self.baseline_preemption, self.ceiling))
+        return max(allowed, LOAD_INFLATION) if self.baseline_busy else allowed
+
+    @property
+    def baseline_busy(self) -> bool:
+        """A baseline run was kept waiting by other processes (:data:`BUSY_LOAD`): the machine was
+        busy while the baseline recorded, so its unpreempted steps may be inflated too."""
+        return max(busy_loads(self.baseline, self.baseline_preemption)) >= BUSY_LOAD
 
     @property
     def candidate_inflation(self) -> float:
         """How much the candidate's CPU time may be too high: its most inflated run's
         (:func:`run_inflations`), or :data:`LOAD_INFLATION_PAST_CEILING` when a run of it is past
         the ceiling."""
-        return _side_inflation(self.candidate, self.candidate_preemption, self.candidate_too_loaded)
+        return max(self.candidate_allowances)
+
+    @property
+    def candidate_allowances(self) -> tuple[float, ...]:
+        """Each candidate run's own bound on how much too high its CPU time may be
+        (:func:`run_allowances`)."""
+        return tuple(run_allowances(self.candidate, self.candidate_preemption, self.ceiling))
 
     @property
     def baseline_too_loaded(self) -> bool:
@@ -293,13 +331,6 @@ class Load:
                 "candidate_preemption": side(self.candidate, self.candidate_preemption)}
 
 
-def _side_inflation(loads: Sequence[float], found: Sequence[Preemption | None], too_loaded: bool) -> float:
-    """How much one side's CPU time may be too high: its most inflated run's
-    (:func:`run_inflations`), at least :data:`LOAD_INFLATION_PAST_CEILING` when it is too loaded."""
-    allowed = max(run_inflations(loads, found))
-    return max(allowed, LOAD_INFLATION_PAST_CEILING) if too_loaded else allowed
-
-
 def _each_run(loads: Sequence[float], found: Sequence[Preemption | None]) -> list[Preemption | None]:
     """``found`` lined up with ``loads``: None for each run past its end."""
     return [found[i] if i < len(found) else None for i in range(len(loads))]
@@ -309,6 +340,19 @@ def run_inflations(loads: Sequence[float], found: Sequence[Preemption | None]) -
     """Each run's bound on how much too high its CPU time may be: its steps' :class:`Preemption`
     where it recorded them, else :func:`inflation_at` its load."""
     return [inflation_at(load) if p is None else p.inflation for load, p in zip(loads, _each_run(loads, found))]
+
+
+def run_allowances(loads: Sequence[float], found: Sequence[Preemption | None], ceiling: float) -> list[float]:
+    """Each run's own bound on how much too high its CPU time may be (:func:`run_inflations`), at
+    least :data:`LOAD_INFLATION_PAST_CEILING` for a run at or past ``ceiling`` (:func:`ceiling_loads`)."""
+    return [max(f, LOAD_INFLATION_PAST_CEILING) if load >= ceiling else f
+            for f, load in zip(run_inflations(loads, found), ceiling_loads(loads, found))]
+
+
+def busy_loads(loads: Sequence[float], found: Sequence[Preemption | None]) -> list[float]:
+    """Each run's load as :data:`BUSY_LOAD` judges it: its preempted steps' median wall over CPU
+    time where it counted them (:attr:`Preemption.preempted_load`), else its load as a whole."""
+    return [load if p is None else p.preempted_load for load, p in zip(loads, _each_run(loads, found))]
 
 
 def ceiling_loads(loads: Sequence[float], found: Sequence[Preemption | None]) -> list[float]:
