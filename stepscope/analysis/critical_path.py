@@ -386,6 +386,11 @@ class RunGraph:
     unpaired: Unpaired | None = None
     """Point-to-point transfers left out of the graph's pairs, and why (None: none)."""
 
+    @property
+    def ranks(self) -> list[int]:
+        """Every rank with a window in some step, in order."""
+        return sorted({r for g in self.graphs.values() for r in g.ranks})
+
 
 def run_graph(store: SQLStore, run: str, ranks: Sequence[int] | None = None) -> RunGraph | None:
     """The run's :class:`RunGraph` (None when no step has a rank window)."""
@@ -473,7 +478,6 @@ def critical_path_section(store: SQLStore, run: str, ranks: Sequence[int] | None
     rg = run_graph(store, run, ranks)
     if rg is None:
         return Absent("no step windows: a critical path runs from a step's start to its end")
-    graph_ranks = sorted({r for g in rg.graphs.values() for r in g.ranks})
-    if len(graph_ranks) <= REPLAYED_RANKS:
-        rg.segments.load(graph_ranks)
+    if len(rg.ranks) <= REPLAYED_RANKS:
+        rg.segments.load(rg.ranks)
     return CriticalPathResult(tuple(paths_of(rg)), rg)

@@ -440,7 +440,7 @@ def what_if(store: SQLStore, run: str, changes: Sequence[str | Change] = (),
 
 def replay(rg: RunGraph, run: str, changes: Sequence[Change]) -> WhatIf:
     """Replay every step of ``rg`` unchanged and with ``changes`` (module docs)."""
-    rg.segments.load(sorted({r for g in rg.graphs.values() for r in g.ranks}))
+    rg.segments.load(rg.ranks)
     per_byte = _fitted(rg, changes)
     late = _Factors(changes).on_time()
     excess = on_time_excess(rg.graphs.values(), late) if late else None

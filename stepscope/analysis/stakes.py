@@ -46,7 +46,7 @@ def replayed_stakes(found: list[Finding], results: Results) -> list[Finding]:
     result = results.get("critical_path")
     if not isinstance(result, CriticalPathResult):
         return found
-    if len({r for g in result.graph.graphs.values() for r in g.ranks}) > REPLAYED_RANKS:
+    if len(result.graph.ranks) > REPLAYED_RANKS:
         return found
     out = []
     for finding in found:
