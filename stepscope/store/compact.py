@@ -219,28 +219,46 @@ def compact_run(root: Path | str, run: str) -> bool:
         versions = sorted({int(v) for (v,) in con.execute(
             f"SELECT DISTINCT decode(value) FROM parquet_kv_metadata({_sql_list([p.path for p in parts['sources']])}) "
             f"WHERE decode(key) = '{SCHEMA_VERSION_KEY.decode()}'").fetchall()})
-        con.execute(f"CREATE TEMP TABLE committed AS SELECT rank, source FROM "
+        # a table of the database, not a temporary one: the cursors of the threads below read it
+        con.execute(f"CREATE TABLE committed AS SELECT rank, source FROM "
                     f"read_parquet({_sql_list([p.path for p in parts['sources']])}, {HIVE})")
         folder = _run_dir(root, run)
         folder.mkdir(parents=True, exist_ok=True)
         token = secrets.token_hex(8)
-        written: dict[str, str] = {}
-        for table, table_parts in parts.items():
-            if table in RAW_TABLES:
-                continue
-            name = f"{table}-{token}.parquet"
-            select = f"SELECT * FROM read_parquet({_sql_list([p.path for p in table_parts])}, {HIVE}) t"
-            if table != "sources":
-                select += " SEMI JOIN committed c ON t.rank = c.rank AND t.source = c.source"
-            with atomic_path(folder / name) as tmp:
-                con.execute(f"COPY ({select}) TO '{tmp}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {_kv(table)})")
-            written[table] = name
+        tables = sorted((t for t in parts if t not in RAW_TABLES), key=lambda t: -sum(p.size for p in parts[t]))
+        with ThreadPoolExecutor(max_workers=COMPACT_THREADS) as pool:
+            names = pool.map(lambda t: _compact_table(con, folder, t, parts[t], token), tables)
+            written = dict(sorted(zip(tables, names)))
     finally:
         con.close()
     doc = {"format": MANIFEST_FORMAT, "tables": written, "parts": _fingerprint(parts), "versions": versions}
     write_text_atomic(folder / MANIFEST, json.dumps(doc))
     _remove_stale(folder, set(written.values()))
     return True
+
+
+COMPACT_THREADS = 2
+"""Tables compacted at once, largest first: each is one ``COPY`` whose fixed cost (binding the
+run's parts, writing a file) one thread would pay in turn. Quiet 2-core machine, alternated: 8
+small ranks (27 tables) 0.19-0.26 s on one thread, 0.15 s on two; 64 copies of df_index_resolver
+1.40-1.70 s on one, 1.12-1.19 s on two."""
+
+
+def _compact_table(con: duckdb.DuckDBPyConnection, folder: Path, table: str, table_parts: list[Part],
+                   token: str) -> str:
+    """Write ``table``'s compacted file of the run's committed rows, on a cursor of ``con`` of its
+    own (a thread's); its name."""
+    name = f"{table}-{token}.parquet"
+    select = f"SELECT * FROM read_parquet({_sql_list([p.path for p in table_parts])}, {HIVE}) t"
+    if table != "sources":
+        select += " SEMI JOIN committed c ON t.rank = c.rank AND t.source = c.source"
+    cursor = con.cursor()
+    try:
+        with atomic_path(folder / name) as tmp:
+            cursor.execute(f"COPY ({select}) TO '{tmp}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {_kv(table)})")
+    finally:
+        cursor.close()
+    return name
 
 
 def compact_runs(root: Path | str, runs: set[str]) -> None:
