@@ -34,9 +34,11 @@ time, one baseline run against one candidate run, Mann-Whitney U over the steps 
 
 The plugin part writes the four-test project, saves its baseline (three runs of each test), then
 runs ``--sessions`` plain pytest sessions per kind (unchanged, every test 1.3x, every test 4x),
-each judging the four tests (re-running grey ones, as the plugin does); each test counts as the
-verdict the plugin recorded for it (its ``stepscope`` property in ``--junitxml``), ``other`` when
-it recorded none (a skip, an error), never as a pass by default. Every outcome off target
+each judging the four tests (re-running grey ones, as the plugin does); each test counts by its
+pytest outcome in ``--junitxml``, as CI sees it: failed as a stepscope regression is
+``regression``, skipped as ``stepscope: inconclusive`` (the plugin's default) ``inconclusive``,
+passed ``ok``, anything else (or an outcome unlike the verdict in its ``stepscope`` property)
+``other``, never a pass; "red CI on unchanged code" counts the unchanged tests that failed. Every outcome off target
 (unchanged not ok, a slowdown not caught) is printed with its message. Each session's candidate
 runs go to a store of their own in the project (``--stepscope-store``), so a ``--keep`` folder
 can be judged again.
@@ -85,6 +87,8 @@ benchmark of the step-time gate (the peak-memory budget abstains)."""
 FACTORS = {"unchanged": 1.0, "1.3x": 1.3, "4x": 4.0}
 BASELINE_RUNS = 3
 TESTS_PER_SESSION = 4
+CLI_RED = "exit 1 of docs/ci.md's workflow; an inconclusive exit 4 passes with a warning"
+PLUGIN_RED = "failed tests; a test still inconclusive is skipped"
 
 
 def _spin(parent: int) -> None:  # pragma: no cover - a background load process
@@ -268,6 +272,7 @@ def cli_part(condition: str, pairs: int, steps: int, cand_runs: int, batches: di
             comparison = compare_profiles(base, [gathered[r] for r in cands])
             result = verdict(comparison, budgets, table)
             counts.setdefault(kind, Counter())[result.status] += 1
+            counts[kind]["red"] += result.status == "regression"  # docs/ci.md's workflow: exit 4 is a warning
             step = comparison.metric("step_time")
             decided[kind].update(r.decided_by for r in result.results if r.budget.metric == "step_time")
             judged[kind].append((step.cand_value or 0) / (step.base_value or 1))
@@ -337,24 +342,45 @@ def _pytest(project: Path, batches: dict[str, int], *args: str, kind: str = "unc
 
 
 def _judged(junit: Path) -> list[tuple[str, str, str, float | None]]:
-    """(test, outcome, message, None) per test case of a ``--junitxml`` file: the outcome is the
-    plugin's verdict (its ``stepscope`` property: ``pass``, ``regression``, ``inconclusive``), or
-    ``other`` for a test that it did not judge (skipped, an error); the message is the step-time
-    budget's, or pytest's own for ``other``."""
+    """(test, outcome, message, None) per test case of a ``--junitxml`` file, from its pytest
+    outcome, as CI sees it: failed by ``stepscope: regression`` is ``regression``, skipped by
+    ``stepscope: inconclusive`` (the plugin's default for a test still inconclusive) is
+    ``inconclusive``, passed is ``pass``; anything else (an error, another failure or skip, an
+    outcome unlike the verdict the plugin recorded in its ``stepscope`` property) is ``other``,
+    never a pass. The message is the step-time budget's, or pytest's own for ``other``; a failed
+    test of any kind is also counted as ``red`` by the caller (:func:`_red`)."""
     import xml.etree.ElementTree as ET
 
     out = []
     for case in ET.parse(junit).getroot().iter("testcase"):
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
-        if "stepscope" in props:
-            verdict = json.loads(props["stepscope"] or "{}")
-            budgets = verdict["budgets"]
-            out.append((case.get("name", "?"), verdict["status"],
-                        f"{verdict['runs']} run(s): {budgets[0] if budgets else ''}", None))
+        verdict = json.loads(props.get("stepscope") or "{}")
+        trouble = next(iter([*case.iter("skipped"), *case.iter("error"), *case.iter("failure")]), None)
+        said = "" if trouble is None else (trouble.get("message") or "").removeprefix("Failed: ")
+        if trouble is None:
+            outcome = "pass"
+        elif trouble.tag == "failure" and said.startswith("stepscope: regression"):
+            outcome = "regression"
+        elif trouble.tag == "skipped" and said.startswith("stepscope: inconclusive"):
+            outcome = "inconclusive"
         else:
-            trouble = next(iter([*case.iter("skipped"), *case.iter("error"), *case.iter("failure")]), None)
-            out.append((case.get("name", "?"), "other", "" if trouble is None else trouble.get("message", ""), None))
+            outcome = "other"
+        if outcome != "other" and verdict.get("status") == outcome:
+            budgets = verdict["budgets"]
+            out.append((case.get("name", "?"), outcome, f"{verdict['runs']} run(s): {budgets[0] if budgets else ''}",
+                        None))
+        else:
+            out.append((case.get("name", "?"), "other", f"{trouble.tag if trouble is not None else 'passed'}: {said} "
+                        f"(recorded {verdict.get('status')})", None))
     return out
+
+
+def _red(junit: Path) -> int:
+    """The test cases of a ``--junitxml`` file that turn CI red: failed or in error."""
+    import xml.etree.ElementTree as ET
+
+    return sum(1 for case in ET.parse(junit).getroot().iter("testcase")
+               if next(iter([*case.iter("error"), *case.iter("failure")]), None) is not None)
 
 
 def _candidates(project: Path, session: int, kind: str) -> Path:
@@ -453,6 +479,10 @@ def plugin_part(condition: str, sessions: int, steps: int, batches: dict[str, in
                         f"--stepscope-store={_candidates(project, session, kind)}", kind=kind)
                 judged = _judged(junit) if junit.exists() else [("session", "other", "no --junitxml written", None)]
             counts.setdefault(kind, Counter()).update(outcome for _, outcome, _, _ in judged)
+            if batches is None:  # re-judged: the plugin's default turns only a regression red
+                counts[kind]["red"] += sum(outcome == "regression" for _, outcome, _, _ in judged)
+            else:
+                counts[kind]["red"] += _red(junit) if junit.exists() else TESTS_PER_SESSION
             too_loaded[kind] += sum("too loaded to judge" in message for _, _, message, _ in judged)
             factors[kind] += [factor for *_, factor in judged if factor is not None]
             missed += [f"{kind} {outcome} {test}: {message[:300]}" for test, outcome, message, _ in judged
@@ -472,6 +502,58 @@ def plugin_part(condition: str, sessions: int, steps: int, batches: dict[str, in
     return counts
 
 
+def others_part(busy: list[int], runs: int, steps: int, root: Path) -> None:
+    """What the rest of the machine's measured CPU use says about a run's CPU time: ``runs``
+    unchanged runs (the compare part's, bare steps) with each number of ``busy`` processes of
+    ours spinning; per run the others' CPUs (:attr:`~stepscope.analysis.compare.stats.Preemption.others`),
+    its median step CPU time over the least of all runs' (its inflation, measured), what the
+    per-step preemption rule allows it, and whether the rule before the measure called it busy
+    (:data:`~stepscope.analysis.compare.stats.BUSY_LOAD`). Picks
+    :data:`~stepscope.analysis.compare.stats.QUIET_OTHERS`: under it, no run may be inflated past
+    what its preempted steps allow."""
+    from stepscope.analysis.compare.comparison import _preemptions, profiles, side_source
+    from stepscope.analysis.compare.stats import BUSY_LOAD, QUIET_OTHERS
+    from stepscope.analysis.quantiles import median
+    from stepscope.store import open_store
+
+    work = Workload({"unchanged": BATCH})
+    work.record(root / "warm-up", "w", "unchanged", steps)
+    rows = []
+    for n in busy:
+        with background_load(n):
+            for i in range(runs):
+                store = root / f"others-{n}" / f"r{i}"
+                work.record(store, "r", "unchanged", steps)
+                with open_store(store) as opened:
+                    [profile] = profiles([(opened, "r")], side_source([(opened, "r")]))  # type: ignore[list-item]
+                [found] = _preemptions([profile])
+                assert found is not None and found.others is not None, "no others_cpu_ns recorded"
+                cpu = profile.samples["step_time"]
+                assert isinstance(cpu, list)
+                rows.append((n, found.others, median(cpu), found.inflation, found.preempted_load, os.getloadavg()[0]))
+    least = median([r[2] for r in rows if r[0] == min(busy)])
+    print(f"\nothers' CPUs vs CPU-time inflation ({runs} runs of {steps} steps each, unchanged code; inflation: a "
+          f"run's median step CPU time over the median of the runs with {min(busy)} busy processes, "
+          f"{least / 1e6:.3f} ms; allowed: its per-step bound; busy: preempted steps >= {BUSY_LOAD:g}x, the rule "
+          "before the measure)")
+    for n in busy:
+        mine = [r for r in rows if r[0] == n]
+        others = sorted(r[1] for r in mine)
+        infl = sorted(r[2] / least for r in mine)
+        over = [r for r in mine if r[2] / least > (1 + r[3]) * 1.05]
+        print(f"  {n} busy: others {others[0]:.2f}-{others[-1]:.2f} CPUs (median {median(others):.2f}); inflation "
+              f"{infl[0]:.2f}-{infl[-1]:.2f}x (median {median(infl):.2f}); old rule busy "
+              f"{sum(r[4] >= BUSY_LOAD for r in mine)}/{len(mine)}; past allowed +5 %: {len(over)}/{len(mine)}; "
+              f"load average {min(r[5] for r in mine):.1f}-{max(r[5] for r in mine):.1f}")
+    for limit in sorted({0.1, 0.2, 0.3, QUIET_OTHERS, 0.5, 0.75}):
+        under = [r for r in rows if r[1] < limit]
+        worst = max((r[2] / least / (1 + r[3]) for r in under), default=float("nan"))
+        print(f"  others < {limit:.2f}: {len(under)} runs ({', '.join(f'{sum(r[0] == n for r in under)} at {n} busy' for n in busy)}); "
+              f"the most any was inflated past its per-step allowance (over that median): {worst:.2f}x")
+    print("  per run (busy, others, inflation, allowed, preempted load): "
+          + " ".join(f"{r[0]}/{r[1]:.2f}/{r[2] / least:.2f}/{r[3]:.2f}/{r[4]:.2f}" for r in rows), flush=True)
+
+
 def _line(kind: str, counts: Counter[str], n: int) -> str:
     caught, grey, ok = counts["regression"], counts["inconclusive"], counts["pass"]
     other = n - caught - grey - ok
@@ -479,12 +561,14 @@ def _line(kind: str, counts: Counter[str], n: int) -> str:
             + (f"  other {other}" if other else ""))
 
 
-def _verdict(counts: dict[str, Counter[str]], n: int) -> list[str]:
-    """The targets, each met or missed, for one condition."""
+def _verdict(counts: dict[str, Counter[str]], n: int, red_means: str) -> list[str]:
+    """The targets, each met or missed, for one condition; and how often unchanged code turned CI
+    red (``red_means`` says what counts: failed tests, or the documented workflow's exit code)."""
     out = []
     false_alarms = counts["unchanged"]["regression"]
     out.append(f"  false alarms {false_alarms}/{n} (target 0): {'met' if false_alarms == 0 else 'MISSED'}"
                f"; unchanged called inconclusive {counts['unchanged']['inconclusive']}/{n}")
+    out.append(f"  red CI on unchanged code: {counts['unchanged']['red']}/{n} ({red_means})")
     caught4 = counts["4x"]["regression"]
     out.append(f"  4x caught {caught4}/{n} (target {n}/{n}): {'met' if caught4 == n else 'MISSED'}")
     c13, grey13, ok13 = counts["1.3x"]["regression"], counts["1.3x"]["inconclusive"], counts["1.3x"]["pass"]
@@ -508,6 +592,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conditions", default="quiet,loaded", help="which conditions, in order (default both)")
     parser.add_argument("--load", type=int, default=2, help="busy processes of the loaded condition (default 2)")
     parser.add_argument("--keep", type=Path, help="record into this folder and keep it (default: a temporary one)")
+    parser.add_argument("--others", default=None, metavar="N,N,..",
+                        help="measure only: --pairs runs with each number of busy processes (e.g. 0,1,2): the rest "
+                             "of the machine's CPU use against each run's CPU-time inflation (QUIET_OTHERS)")
     parser.add_argument("--rejudge", type=Path,
                         help="record nothing: judge the compare part's runs that --keep left in this folder again "
                              "(the same --pairs, --candidate-runs and --conditions), with the rule as it is now")
@@ -519,15 +606,21 @@ def main(argv: list[str] | None = None) -> int:
                                   LoadSamples())
                 print(f"\ncompare, {condition}, judged again from {args.rejudge} (the load as recorded):")
                 print("\n".join([*(_line(kind, counts[kind], args.pairs) for kind in FACTORS),
-                                 *_verdict(counts, args.pairs)]), flush=True)
+                                 *_verdict(counts, args.pairs, CLI_RED)]), flush=True)
             if args.part in ("plugin", "all"):
                 n = args.sessions * TESTS_PER_SESSION
                 counts = plugin_part(condition, args.sessions, args.plugin_steps, None, args.rejudge, LoadSamples())
                 print(f"\npytest plugin, {condition}, judged again from {args.rejudge} (the load as recorded):")
-                print("\n".join([*(_line(kind, counts[kind], n) for kind in FACTORS), *_verdict(counts, n)]),
+                print("\n".join([*(_line(kind, counts[kind], n) for kind in FACTORS), *_verdict(counts, n, PLUGIN_RED)]),
                       flush=True)
         return 0
     os.environ["OMP_NUM_THREADS"] = "1"
+    if args.others is not None:
+        with contextlib.ExitStack() as kept:
+            root = args.keep or Path(kept.enter_context(tempfile.TemporaryDirectory(prefix="bench-gate-")))
+            root.mkdir(parents=True, exist_ok=True)
+            others_part([int(n) for n in args.others.split(",")], args.pairs, args.steps, root)
+        return 0
     print(f"bench_gate: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start; "
           f"{args.pairs} pairs of {args.candidate_runs} candidate runs, {args.steps} steps a run, "
           f"{args.sessions} plugin sessions a kind")
@@ -550,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(_line(kind, counts[kind], args.pairs))
                     for kind in FACTORS:
                         print(_line(f"before {kind}", counts[f"before:{kind}"], args.pairs))
-                    print("\n".join(_verdict(counts, args.pairs)), flush=True)
+                    print("\n".join(_verdict(counts, args.pairs, CLI_RED)), flush=True)
                 if args.part in ("plugin", "all"):
                     load, started = LoadSamples(), (time.perf_counter(), time.process_time())
                     n = args.sessions * TESTS_PER_SESSION
@@ -559,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{time.perf_counter() - started[0]:.0f} s wall):")
                     for kind in FACTORS:
                         print(_line(kind, counts[kind], n))
-                    print("\n".join(_verdict(counts, n)), flush=True)
+                    print("\n".join(_verdict(counts, n, PLUGIN_RED)), flush=True)
     print(f"\ntotal {time.perf_counter() - started_all[0]:.0f} s wall, "
           f"{time.process_time() - started_all[1]:.0f} s CPU of this process")
     return 0

@@ -23,9 +23,13 @@ the test when they break a budget against a baseline, like pytest-memray's ``lim
   (``--junitxml`` writes it).
 - When a judged change is in the grey zone (within the noise of its budget), the test body runs
   again, up to ``reruns`` more times (default 2, ``--stepscope-reruns``), and the candidate's runs
-  are judged together, as benchmark harnesses re-run a close result; still grey: the test fails
-  as inconclusive. A regression is re-run the same way before the test fails: it stands only on
-  all ``1 + reruns`` runs (:func:`_judge` says why).
+  are judged together, as benchmark harnesses re-run a close result. Still inconclusive, the test
+  is **skipped**, its reason one line starting ``stepscope: inconclusive`` (the bounds, the
+  load): visible, never a pass, and not a red CI on a busy runner for code that did not change
+  (bench_gate.py's plugin part: unchanged code was inconclusive in 16-20 of 20 tests there);
+  ``inconclusive="fail"`` in the marker, ``--stepscope-inconclusive fail`` or the ini option
+  ``stepscope_inconclusive = fail`` fails it instead. A regression is re-run the same way before
+  the test fails: it stands only on all ``1 + reruns`` runs (:func:`_judge` says why).
 - While the body runs torch is pinned to ``threads`` intra-op threads (default 1, restored
   afterwards): a pool sized to a shared machine's cores makes CPU step times swing more than any
   budget (docs/ci.md).
@@ -56,6 +60,10 @@ if TYPE_CHECKING:
 SAVE_OPTION = "--stepscope-save-baseline"
 RERUNS_OPTION = "--stepscope-reruns"
 BASELINE_RUNS_OPTION = "--stepscope-baseline-runs"
+INCONCLUSIVE_OPTION = "--stepscope-inconclusive"
+INCONCLUSIVE_INI = "stepscope_inconclusive"
+INCONCLUSIVE_CHOICES = ("skip", "fail")
+"""What a test still inconclusive after its re-runs becomes: skipped (the default) or failed."""
 DEFAULT_RERUNS = 2
 """Extra runs of a test whose result is in the grey zone: with the first, three candidate runs,
 as many as a baseline keeps."""
@@ -74,13 +82,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(BASELINE_RUNS_OPTION, type=int, default=None, metavar="N",
                     help="runs of each test that --stepscope-save-baseline stores (default 3; the marker's "
                          "baseline_runs= wins)")
+    group.addoption(INCONCLUSIVE_OPTION, choices=INCONCLUSIVE_CHOICES, default=None,
+                    help="a test still inconclusive after its re-runs is skipped (default) or fails (the "
+                         f"marker's inconclusive= wins, then this, then the ini option {INCONCLUSIVE_INI})")
+    parser.addini(INCONCLUSIVE_INI, "skip or fail a test still inconclusive after its re-runs (default skip)",
+                  default="skip")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "stepscope(steps=5, warmup=1, budget=None, defaults=False, floor=None, "
-                                       "baseline=None, reruns=2, baseline_runs=3, threads=1): profile `steps` training "
-                                       "steps with the stepscope_profile fixture and fail on a budget against the "
-                                       "test's runs in the baseline store")
+                                       "baseline=None, reruns=2, baseline_runs=3, threads=1, inconclusive='skip'): "
+                                       "profile `steps` training steps with the stepscope_profile fixture and fail "
+                                       "on a budget against the test's runs in the baseline store")
     config.stash[_SAVED] = []
 
 
@@ -292,9 +305,55 @@ def _judge(item: pytest.Item, gate: _Gate) -> None:
     item.user_properties.append(("stepscope", json.dumps(
         {"status": verdict.status, "runs": len(gate.runs),
          "budgets": [r.message for r in verdict.results if r.status != "not_available"]})))
-    if verdict.status != "pass":
-        again = f" after {len(gate.runs)} runs" if len(gate.runs) > 1 else ""
-        pytest.fail(f"stepscope: {verdict.status}{again}\n" + render_text(comparison, verdict), pytrace=False)
+    if verdict.status == "pass":
+        return
+    again = f" after {len(gate.runs)} runs" if len(gate.runs) > 1 else ""
+    if verdict.status == "inconclusive" and _inconclusive(item, gate) == "skip":
+        pytest.skip(f"stepscope: inconclusive{again}: {_why_inconclusive(verdict)}")
+    pytest.fail(f"stepscope: {verdict.status}{again}\n" + render_text(comparison, verdict), pytrace=False)
+
+
+def _inconclusive(item: pytest.Item, gate: _Gate) -> str:
+    """What a test still inconclusive becomes: the marker's ``inconclusive``, else the command
+    line's, else the ini option's (``skip`` or ``fail``)."""
+    value = gate.options.get("inconclusive") or item.config.getoption(INCONCLUSIVE_OPTION) \
+        or item.config.getini(INCONCLUSIVE_INI)
+    if value not in INCONCLUSIVE_CHOICES:
+        pytest.fail(f"stepscope: inconclusive={value!r}: expected one of {', '.join(INCONCLUSIVE_CHOICES)}",
+                    pytrace=False)
+    return str(value)
+
+
+def _why_inconclusive(verdict: Verdict) -> str:
+    """One line: each grey budget's change and bounds, and how loaded the runs were (or the first
+    reason, for runs that cannot be compared)."""
+    from stepscope.units import format_value, signed_percent
+
+    parts = []
+    for r in verdict.results:
+        if not r.grey or r.bounds is None:
+            continue
+        m = r.metric
+        base = abs(m.base_value or 0.0)
+        low, high = ((signed_percent(100 * b / base) for b in r.bounds) if base
+                     else (format_value(b, m.unit) for b in r.bounds))
+        load = m.noise.load if m.noise is not None else None
+        loaded = "" if load is None else f"; runs' wall/CPU up to {load.worst:.2f}x"
+        parts.append(f"{m.label} {format_value(m.base_value, m.unit)} -> {format_value(m.cand_value, m.unit)}, "
+                     f"the change between {low} and {high} ({r.decided_by}{loaded})")
+    if not parts:
+        parts = [verdict.reasons[0].splitlines()[0] if verdict.reasons else "no reason given"]
+    return "; ".join(parts) + f"; load average {_load_average()}"
+
+
+def _load_average() -> str:
+    """The 1-minute load average, or ``n/a`` where the platform has none."""
+    import os
+
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except (AttributeError, OSError):
+        return "n/a"
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

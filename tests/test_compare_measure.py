@@ -171,7 +171,7 @@ def test_a_loaded_run_is_judged_within_what_load_can_do_to_cpu_time() -> None:
     unrecorded = [None, None, None]  # hand-made runs without step_times.preemptions: judged on their load
     assert noise["load"] == {"baseline": [1.0, 1.0, 1.0], "candidate": [1.0, 1.0, 1.0], "worst": 1.0,
                              "inflation": 0.0, "baseline_inflation": 0.0, "candidate_inflation": 0.0,
-                             "by_preemption": False, "baseline_preemption": unrecorded,
+                             "baseline_busy": False, "by_preemption": False, "baseline_preemption": unrecorded,
                              "candidate_preemption": unrecorded, "ceiling": 6.0, "baseline_too_loaded": False,
                              "candidate_too_loaded": False}
     assert "the change lies between +18.6% and +26.5%" in reasons[0]
@@ -228,7 +228,8 @@ def test_a_candidate_that_waited_without_being_preempted_is_judged_unloaded() ->
     status, reasons, noise = _judge(waited)
     assert status == "regression", reasons
     assert noise["load"]["candidate_inflation"] == 0 and noise["load"]["by_preemption"] is False  # BASE: no counts
-    assert noise["load"]["candidate_preemption"] == [{"steps": 5, "preempted": 0, "inflation": 0.0, "load": 1.0}] * 3
+    assert noise["load"]["candidate_preemption"] == [{"steps": 5, "preempted": 0, "inflation": 0.0, "load": 1.0,
+                                                          "others": None}] * 3
 
     preempted = [_preempted_run(f"c{i}", [12.5] * 5, [25.0] * 5, [2] * 5) for i in range(3)]
     status, reasons, noise = _judge(preempted)
@@ -451,7 +452,8 @@ def test_a_baseline_recorded_busy_passes_nothing_its_inflation_could_hide() -> N
     assert noise["load"]["baseline_inflation"] == LOAD_INFLATION
     assert "cannot tell whether it is over +10% and the 500 us floor" in reasons[0]
     assert "the baseline was recorded busy (a run's preempted steps took 1.28x their CPU time in wall time, " \
-           "1.05x or more), so its every step is allowed 90%" in reasons[0]
+           "1.05x or more, and the rest of the machine was not measured quiet), so its every step is allowed " \
+           "90%" in reasons[0]
 
     status, reasons, noise = _judge(_recorded(CLI_QUIET_CAND, "c"), _recorded(CLI_QUIET_BASE, "b"))
     assert status == "pass", reasons
@@ -560,7 +562,8 @@ def test_a_runs_preemptions_are_read_beside_its_cpu_time_and_older_parts_lack_th
     columns = {"step": [0, 1, 2], "start_ns": [0, 10 * ms, 20 * ms], "wall_ns": [10 * ms, 12 * ms, 30 * ms],
                "cpu_ns": [4 * ms, 5 * ms, 6 * ms], "gpu_ns": [None] * 3, "profiled": [False] * 3,
                "tokens": [None] * 3, "samples": [None] * 3}
-    new = pa.table({**columns, "source": [sources["new"]] * 3, "preemptions": [0, 2, 1], "disturbed_by": [None] * 3})
+    new = pa.table({**columns, "source": [sources["new"]] * 3, "preemptions": [0, 2, 1], "disturbed_by": [None] * 3,
+                     "others_cpu_ns": [None] * 3})
     write_partition(root, "step_times", "new", 0, sources["new"],
                     new.select([f.name for f in STEP_TIMES]).cast(STEP_TIMES))
     old = part_path(root, "step_times", "old", 0, sources["old"])

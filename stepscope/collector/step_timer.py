@@ -14,10 +14,18 @@ not, so the CI gate judges CPU runs on it (docs/ci.md says why). It also counts 
 involuntary context switches per step (``getrusage(RUSAGE_THREAD).ru_nivcsw``, Linux): a step that
 no other process preempted has a CPU time that load did not inflate, so the gate needs to allow
 for load only on the steps that were preempted (:func:`stepscope.analysis.compare.stats.preemption`).
+And it reads how much CPU time the rest of the machine used during each step (``others_cpu_ns``:
+the busy time of every CPU in ``/proc/stat`` less this process's own CPU time; ~6 us a step on
+this project's 2-core machine, where the rest of ``end_step`` takes ~2 us: 0.2 % of a 3 ms step): a
+thread that no one preempted can still be slowed by a neighbour on the other hyperthread or
+core (shared caches), so only a run on which the rest of the machine was measured quiet is known
+to be undisturbed (:attr:`stepscope.analysis.compare.stats.Preemption.others`).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 from array import array
 from collections import deque
@@ -31,6 +39,8 @@ from stepscope.store.schema import STEP_TIMES
 
 _MISSING = -1
 """Internal placeholder in the typed arrays; becomes null in the table (never stored)."""
+_NO_OTHERS = -(2**63)
+"""The placeholder of ``others_cpu_ns``, whose values can be negative (-1 included)."""
 
 def _thread_switches() -> Callable[[], int] | None:
     """A reader of the calling thread's involuntary context switches so far, or None where the
@@ -43,6 +53,36 @@ def _thread_switches() -> Callable[[], int] | None:
     except (ImportError, AttributeError):
         return None
     return lambda: resource.getrusage(who).ru_nivcsw
+
+
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+"""Fields of ``/proc/stat``'s ``cpu`` line (after the name) that count busy time: user, nice,
+system, irq, softirq, steal (a hypervisor's other guests on this machine's CPUs); not idle and
+iowait."""
+
+
+@functools.cache
+def _machine_busy() -> Callable[[], int] | None:
+    """A reader of the CPU time (ns) every CPU of the machine has been busy so far, from
+    ``/proc/stat`` (kept open: one ``pread`` a call), or None where there is none (not Linux).
+    Its unit is the kernel's tick (``SC_CLK_TCK``, 10 ms), so a single step's difference is
+    coarse; summed over a run's steps it is exact to a few ticks."""
+    try:
+        fd = os.open("/proc/stat", os.O_RDONLY)
+        tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+    def read() -> int:
+        fields = os.pread(fd, 256, 0).split(b"\n", 1)[0].split()[1:]
+        return sum(int(fields[i]) for i in _BUSY_FIELDS if i < len(fields)) * tick_ns
+
+    try:
+        read()
+    except (OSError, ValueError):
+        os.close(fd)
+        return None
+    return read
 
 
 DISTURBANCES = ("profiler", "exchange", "writer", "conversion")
@@ -63,6 +103,7 @@ class StepTimer:
         self._wall = array("q")
         self._cpu = array("q")
         self._switches = array("q")
+        self._others = array("q")
         self._gpu = array("q")
         self._profiled = array("b")
         self._tokens = array("q")
@@ -72,6 +113,8 @@ class StepTimer:
         self._cpu0 = 0
         self._read_switches = _thread_switches()
         self._switches0 = 0
+        self._read_busy = _machine_busy()
+        self._others0 = 0
         self._event: torch.cuda.Event | None = None
         self._pending: deque[tuple[int, torch.cuda.Event, torch.cuda.Event]] = deque()
 
@@ -80,6 +123,7 @@ class StepTimer:
         self._t0 = time.perf_counter_ns()
         self._cpu0 = time.thread_time_ns()
         self._switches0 = self._switches_now()
+        self._others0 = self._others_now()
         if self.use_cuda:
             self._event = self._record_event()
 
@@ -90,20 +134,22 @@ class StepTimer:
         now = time.perf_counter_ns()
         cpu = time.thread_time_ns()
         switches = self._switches_now()
+        others = self._others_now()
         if self._t0 is None:
-            self._t0, self._cpu0, self._switches0 = now, cpu, switches
+            self._t0, self._cpu0, self._switches0, self._others0 = now, cpu, switches, others
             return
         self._step.append(step)
         self._start.append(self._epoch_offset + self._t0)
         self._wall.append(now - self._t0)
         self._cpu.append(cpu - self._cpu0)
         self._switches.append(_MISSING if switches == _MISSING else switches - self._switches0)
+        self._others.append(_NO_OTHERS if others is None else others - self._others0)
         self._gpu.append(_MISSING)
         self._profiled.append(1 if profiled else 0)
         self._tokens.append(_MISSING if tokens is None else int(tokens))
         self._samples.append(_MISSING if samples is None else int(samples))
         self._disturbed.append(0 if disturbed_by is None else DISTURBANCES.index(disturbed_by) + 1)
-        self._t0, self._cpu0, self._switches0 = now, cpu, switches
+        self._t0, self._cpu0, self._switches0, self._others0 = now, cpu, switches, others
         if self.use_cuda and self._event is not None:
             end = self._record_event()
             self._pending.append((len(self._step) - 1, self._event, end))
@@ -113,6 +159,12 @@ class StepTimer:
     def _switches_now(self) -> int:
         """The training thread's involuntary context switches so far (``_MISSING`` where unknown)."""
         return _MISSING if self._read_switches is None else self._read_switches()
+
+    def _others_now(self) -> int | None:
+        """The CPU time (ns) the rest of the machine has used so far: every CPU's busy time less
+        this process's CPU time (None where unknown). A step's difference can be negative: the
+        busy time is counted in ticks, the process's own time in ns."""
+        return None if self._read_busy is None else self._read_busy() - time.process_time_ns()
 
     def __len__(self) -> int:
         return len(self._step)
@@ -130,8 +182,8 @@ class StepTimer:
         """
         self._resolve(block=wait_for_gpu)
         return StepRows(*(array(a.typecode, a) for a in (
-            self._step, self._start, self._wall, self._cpu, self._switches, self._gpu, self._profiled, self._tokens,
-            self._samples, self._disturbed)))
+            self._step, self._start, self._wall, self._cpu, self._switches, self._others, self._gpu, self._profiled,
+            self._tokens, self._samples, self._disturbed)))
 
     def _record_event(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
@@ -159,6 +211,7 @@ class StepRows:
     wall_ns: array
     cpu_ns: array
     preemptions: array
+    others_cpu_ns: array
     gpu_ns: array
     profiled: array
     tokens: array
@@ -184,9 +237,10 @@ class StepRows:
                 "samples": _nullable(self.samples),
                 "disturbed_by": pa.array([DISTURBANCES[v - 1] if v else None
                                           for v in self.disturbed], pa.string()),
+                "others_cpu_ns": _nullable(self.others_cpu_ns, _NO_OTHERS),
             }
         ).cast(STEP_TIMES)
 
 
-def _nullable(values: array) -> pa.Array:
-    return pa.array([None if v == _MISSING else v for v in values], pa.int64())
+def _nullable(values: array, missing: int = _MISSING) -> pa.Array:
+    return pa.array([None if v == missing else v for v in values], pa.int64())

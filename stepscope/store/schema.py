@@ -133,6 +133,7 @@ STEP_TIMES = pa.schema(
         pa.field("tokens", pa.int64()),
         pa.field("samples", pa.int64()),
         pa.field("disturbed_by", _STR),
+        pa.field("others_cpu_ns", pa.int64()),
     ]
 )
 
@@ -629,6 +630,6 @@ say what they hold, so whatever caches answers per run must also look at their f
 
 GROWING_TABLES: tuple[str, ...] = ("step_times",)
 """Tables that gained a nullable column without a schema version (``step_times.cpu_ns``,
-``disturbed_by`` and ``preemptions``):
+``disturbed_by``, ``preemptions`` and ``others_cpu_ns``):
 the store's view reads it as null in parts written before it, so no migration is needed."""
 

@@ -27,6 +27,7 @@ from stepscope.analysis.compare.comparability import Check, comparability
 from stepscope.analysis.compare.snapshots import compare_snapshots
 from stepscope.analysis.compare.metrics import (
     CPU_TIME_SOURCE,
+    OTHERS,
     PREEMPTIONS,
     RunFacts,
     NamedStat,
@@ -347,7 +348,8 @@ def _metrics(base: Maybe[Side], cand: Side, step_source: str) -> list[MetricDelt
 
 def _preemptions(side: Side) -> tuple[Preemption | None, ...]:
     """Each run's :class:`~stepscope.analysis.compare.stats.Preemption`, None for a run that did
-    not record its steps' preemptions (or whose CPU and wall times do not line up with them)."""
+    not record its steps' preemptions (or whose CPU and wall times do not line up with them); its
+    ``others`` is None where the run did not record ``step_times.others_cpu_ns``."""
     found: list[Preemption | None] = []
     for p in side:
         cpu, wall = p.samples["step_time"], p.samples["wall_time"]
@@ -356,7 +358,9 @@ def _preemptions(side: Side) -> tuple[Preemption | None, ...]:
                 or not cpu or not len(cpu) == len(wall) == len(switches):
             found.append(None)
         else:
-            found.append(preemption(cpu, wall, switches))
+            others = p.samples.get(OTHERS, Absent("not gathered"))
+            measured = None if isinstance(others, Absent) or len(others) != len(wall) else others
+            found.append(preemption(cpu, wall, switches, measured))
     return tuple(found)
 
 

@@ -55,6 +55,7 @@ from stepscope.analysis.compare.stats import (
     MannWhitney,
     Noise,
     busy_loads,
+    busy_runs,
     ceiling_loads,
     run_inflations,
     unexplained_range,
@@ -157,9 +158,12 @@ def _load_text(noise: Noise) -> str:
              if inflation]
     busy = ""
     if load.baseline_busy:
+        loads = [b for b, busy_run in zip(busy_loads(load.baseline, load.baseline_preemption),
+                                          busy_runs(load.baseline, load.baseline_preemption)) if busy_run]
         busy = (f"; the baseline was recorded busy (a run's preempted steps took "
-                f"{max(busy_loads(load.baseline, load.baseline_preemption)):.2f}x their CPU time in wall time, "
-                f"{BUSY_LOAD:g}x or more), so its every step is allowed {LOAD_INFLATION * 100:.0f}%")
+                f"{max(loads):.2f}x their CPU time in wall time, "
+                f"{BUSY_LOAD:g}x or more, and the rest of the machine was not measured quiet), so its every step "
+                f"is allowed {LOAD_INFLATION * 100:.0f}%")
     return (f"; the runs were loaded (the most loaded one's steps took {load.worst:.2f}x their CPU time in "
             f"wall time, the baseline's {min(load.baseline):.2f}-{max(load.baseline):.2f}x), which inflates "
             f"CPU time: {' and '.join(sides)}{_preempted_text(load)}{busy}")

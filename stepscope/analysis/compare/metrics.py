@@ -43,6 +43,10 @@ machine disturb least, docs/ci.md), wall time. ``step_source`` names them ``step
 PREEMPTIONS = "preemptions"
 """The ``step_times`` column of each step's involuntary context switches, read beside a CPU step
 time: the :class:`~stepscope.analysis.compare.stats.Preemption` of a run."""
+OTHERS = "others_cpu_ns"
+"""The ``step_times`` column of the CPU time the rest of the machine used during each step, read
+beside a CPU step time: whether the run was measured quiet
+(:attr:`~stepscope.analysis.compare.stats.Preemption.others`)."""
 CPU_TIME_SOURCE = "step_times.cpu_ns"
 """The step time's source when it is the training thread's CPU time, the measure whose noise
 margin follows the load (:class:`~stepscope.analysis.compare.stats.Load`)."""
@@ -94,7 +98,7 @@ class RunProfile:
     samples: dict[str, Maybe[list[float]]]
     """Metric -> one value per (rank, step): ``step_time`` and each metric of
     ``stepscope.store.rankstats.parts.GPU.budget_metrics()``; with a CPU step time also
-    :data:`PREEMPTIONS`, in the order of ``step_time``'s values."""
+    :data:`PREEMPTIONS` and :data:`OTHERS`, in the order of ``step_time``'s values."""
     peak_memory: Maybe[list[float]]
     """Peak allocated bytes per (rank, device, step) on the GPU (the host when no GPU rows)."""
     peak_memory_device: str | None
@@ -178,12 +182,12 @@ def _threads(metadata: list[str | None]) -> int | None:
 
 def _step_times(store: SQLStore, run: str) -> dict[str, list[float | None]]:
     """Every training step the collector timed: column -> values (nulls kept), per
-    :data:`STEP_MEASURES` and :data:`PREEMPTIONS`; a column that the run's files lack (written
+    :data:`STEP_MEASURES`, :data:`PREEMPTIONS` and :data:`OTHERS`; a column that the run's files lack (written
     before it existed) is all null. Empty lists when it timed none."""
     table = store.sql("SELECT * FROM step_times WHERE run = $run ORDER BY rank, step", {"run": run})
     return {column: ([None] * table.num_rows if column not in table.column_names
                      else [None if v is None else float(v) for v in table.column(column).to_pylist()])
-            for column in (*STEP_MEASURES, PREEMPTIONS)}
+            for column in (*STEP_MEASURES, PREEMPTIONS, OTHERS)}
 
 
 def step_measures(store: SQLStore, run: str) -> tuple[str, ...]:
@@ -210,7 +214,7 @@ def step_samples(store: SQLStore, run: str, source: str) -> dict[str, Maybe[list
     """Per-step values of the step time, the wall time and each step part.
 
     The step time is ``source`` (:func:`step_source`): a ``step_times`` column (every training
-    step of the run; with the CPU time, each step's :data:`PREEMPTIONS` too) or the step windows
+    step of the run; with the CPU time, each step's :data:`PREEMPTIONS` and :data:`OTHERS` too) or the step windows
     of :func:`~stepscope.analysis.breakdown.step_windows` (the profiled steps only). The wall
     time is ``step_times.wall_ns`` when the step time comes from ``step_times``, else the windows
     too. The parts always come from the profiled steps'
@@ -228,9 +232,10 @@ def step_samples(store: SQLStore, run: str, source: str) -> dict[str, Maybe[list
         samples["step_time"] = [v for v in timed[column] if v is not None]
         samples["wall_time"] = [v for v in timed["wall_ns"] if v is not None]
         if source == CPU_TIME_SOURCE:
-            switches = timed[PREEMPTIONS]
-            samples[PREEMPTIONS] = (Absent("step_times.preemptions not recorded") if None in switches
-                                    else [v for v in switches if v is not None])
+            for extra in (PREEMPTIONS, OTHERS):
+                values = timed[extra]
+                samples[extra] = (Absent(f"step_times.{extra} not recorded") if None in values
+                                  else [v for v in values if v is not None])
     _part_samples(samples, GPU, step_breakdown(store, run))
     _part_samples(samples, HOST, host_breakdown(store, run))
     return samples
