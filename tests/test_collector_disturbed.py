@@ -41,7 +41,8 @@ def _store_with(tmp_path: Path, walls_ms: list[int], disturbed: list[str | None]
         pq.write_table(pa.table(columns).replace_schema_metadata(file_metadata("step_times")), path)
     else:
         write_partition(root, "step_times", "r", 0, source,
-                        pa.table({**columns, "cpu_ns": [None] * n, "preemptions": [None] * n, "disturbed_by": disturbed})
+                        pa.table({**columns, "cpu_ns": [None] * n, "preemptions": [None] * n, "others_cpu_ns": [None] * n,
+                                  "disturbed_by": disturbed})
                         .select([f.name for f in STEP_TIMES]))
     return root
 
