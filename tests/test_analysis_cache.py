@@ -156,10 +156,10 @@ def test_an_absence_is_kept_with_its_reason(tmp_path: Path, monkeypatch: pytest.
 def _step_times(source: str, wall_ns: int, steps: int) -> pa.Table:
     return pa.table({"source": [source] * steps, "step": list(range(steps)),
                      "start_ns": [i * wall_ns for i in range(steps)], "wall_ns": [wall_ns] * steps,
-                     "cpu_ns": [None] * steps, "preemptions": [None] * steps, "others_cpu_ns": [None] * steps, "gpu_ns": [None] * steps,
+                     "cpu_ns": [None] * steps, "preemptions": [None] * steps, "gpu_ns": [None] * steps,
                      "profiled": [False] * steps,
                      "tokens": [None] * steps, "samples": [None] * steps,
-                     "disturbed_by": [None] * steps})
+                     "disturbed_by": [None] * steps, "others_cpu_ns": [None] * steps})
 
 
 def test_step_times_written_after_the_commit_are_not_hidden_by_the_cache(
